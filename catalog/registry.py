@@ -1,0 +1,198 @@
+"""Register and look up runs, datasets (with shards), reports, lineage and models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from catalog import db
+from catalog.files import sha256_json
+
+
+# ---- runs -------------------------------------------------------------------------------------
+
+def start_run(flow: str, config: dict, output: str | None, run_id: str | None = None) -> str:
+    """Register a run as `running`. Reusing an id (a rerun into the same output) restarts it."""
+    run_id = run_id or db.new_id(flow)
+    with db.engine().begin() as conn:
+        conn.execute(sa.delete(db.runs).where(db.runs.c.id == run_id))
+        conn.execute(sa.insert(db.runs).values(
+            id=run_id, flow=flow, output=output, config=db.dumps(config),
+            config_hash=sha256_json(config), status="running", started=db.now()))
+    return run_id
+
+
+def finish_run(run_id: str, status: str, summary: dict | None = None) -> None:
+    with db.engine().begin() as conn:
+        conn.execute(sa.update(db.runs).where(db.runs.c.id == run_id).values(
+            status=status, ended=db.now(), summary=db.dumps(summary) if summary is not None else None))
+
+
+def mark_stale_runs_crashed(flow: str | None = None) -> int:
+    """Runs still `running` from a process that died: called when a new run of the flow starts."""
+    q = sa.update(db.runs).where(db.runs.c.status == "running")
+    if flow:
+        q = q.where(db.runs.c.flow == flow)
+    with db.engine().begin() as conn:
+        return conn.execute(q.values(status="crashed", ended=db.now())).rowcount
+
+
+def list_runs(limit: int = 50) -> list[dict]:
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.runs).order_by(db.runs.c.started.desc()).limit(limit)).mappings()
+        return [dict(r) for r in rows]
+
+
+def get_run(run_id_or_output: str) -> dict | None:
+    """A run by id, or the newest run whose output directory is the given path."""
+    with db.engine().connect() as conn:
+        row = conn.execute(sa.select(db.runs).where(db.runs.c.id == run_id_or_output)).mappings().first()
+        if row is None:
+            out = str(Path(run_id_or_output).resolve())
+            row = conn.execute(sa.select(db.runs).where(db.runs.c.output == out)
+                               .order_by(db.runs.c.started.desc())).mappings().first()
+        return dict(row) if row else None
+
+
+def latest_run(flow: str, status: str | None = "completed") -> dict | None:
+    q = sa.select(db.runs).where(db.runs.c.flow == flow)
+    if status:
+        q = q.where(db.runs.c.status == status)
+    with db.engine().connect() as conn:
+        row = conn.execute(q.order_by(db.runs.c.started.desc())).mappings().first()
+        return dict(row) if row else None
+
+
+# ---- datasets and shards ----------------------------------------------------------------------
+
+def register_dataset(name: str, kind: str, path: str, run_id: str | None,
+                     shard_rows: Iterable[dict], info: dict | None = None) -> str:
+    """`shard_rows`: dicts with path, rows, bytes, sha256. Re-registering a path replaces it."""
+    shard_rows = list(shard_rows)
+    ds_id = db.new_id("ds")
+    with db.engine().begin() as conn:
+        old = conn.execute(sa.select(db.datasets.c.id).where(
+            db.datasets.c.path == path, db.datasets.c.kind == kind)).scalars().all()
+        for oid in old:
+            conn.execute(sa.delete(db.shards).where(db.shards.c.dataset_id == oid))
+            conn.execute(sa.delete(db.datasets).where(db.datasets.c.id == oid))
+        conn.execute(sa.insert(db.datasets).values(
+            id=ds_id, name=name, kind=kind, path=path, run_id=run_id,
+            rows=sum(int(s.get("rows", 0)) for s in shard_rows),
+            bytes=sum(int(s.get("bytes", 0)) for s in shard_rows),
+            created=db.now(), info=db.dumps(info or {})))
+        if shard_rows:
+            conn.execute(sa.insert(db.shards), [
+                {"dataset_id": ds_id, "path": s["path"], "rows": s.get("rows"),
+                 "bytes": s.get("bytes"), "sha256": s.get("sha256")} for s in shard_rows])
+    return ds_id
+
+
+def list_datasets(kind: str | None = None, name: str | None = None) -> list[dict]:
+    q = sa.select(db.datasets).order_by(db.datasets.c.created.desc())
+    if kind:
+        q = q.where(db.datasets.c.kind == kind)
+    if name:
+        q = q.where(db.datasets.c.name == name)
+    with db.engine().connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
+def get_dataset(name_or_id: str, kind: str | None = None) -> dict | None:
+    """The newest dataset with this id or name (optionally of one kind), with its shards."""
+    q = sa.select(db.datasets).where(sa.or_(db.datasets.c.id == name_or_id, db.datasets.c.name == name_or_id))
+    if kind:
+        q = q.where(db.datasets.c.kind == kind)
+    with db.engine().connect() as conn:
+        row = conn.execute(q.order_by(db.datasets.c.created.desc())).mappings().first()
+        if row is None:
+            return None
+        out = dict(row)
+        out["shards"] = [dict(s) for s in conn.execute(
+            sa.select(db.shards).where(db.shards.c.dataset_id == row["id"])).mappings()]
+        return out
+
+
+# ---- reports and lineage ----------------------------------------------------------------------
+
+def save_report(run_id: str, stage: str, report: dict) -> None:
+    with db.engine().begin() as conn:
+        conn.execute(sa.delete(db.reports).where(db.reports.c.run_id == run_id, db.reports.c.stage == stage))
+        conn.execute(sa.insert(db.reports).values(run_id=run_id, stage=stage, report=db.dumps(report)))
+
+
+def get_reports(run_id: str) -> dict[str, dict]:
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.reports).where(db.reports.c.run_id == run_id)).mappings()
+        return {r["stage"]: json.loads(r["report"]) for r in rows}
+
+
+def record_lineage(run_id: str, direction: str, items: Iterable[dict]) -> None:
+    """items: dicts with path and optionally dataset_id, sha256."""
+    rows = [{"run_id": run_id, "direction": direction, "path": i["path"],
+             "dataset_id": i.get("dataset_id"), "sha256": i.get("sha256")} for i in items]
+    if not rows:
+        return
+    with db.engine().begin() as conn:
+        conn.execute(sa.delete(db.lineage).where(db.lineage.c.run_id == run_id, db.lineage.c.direction == direction))
+        conn.execute(sa.insert(db.lineage), rows)
+
+
+def get_lineage(run_id: str) -> list[dict]:
+    with db.engine().connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(db.lineage).where(db.lineage.c.run_id == run_id)).mappings()]
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+def register_model(name: str, kind: str, path: str, config: dict | None = None, metrics: dict | None = None,
+                   fingerprint: str | None = None, run_id: str | None = None) -> str:
+    model_id = db.new_id(kind)
+    with db.engine().begin() as conn:
+        conn.execute(sa.insert(db.models).values(
+            id=model_id, name=name, kind=kind, path=str(path), run_id=run_id,
+            config=db.dumps(config or {}), metrics=db.dumps(metrics or {}),
+            fingerprint=fingerprint, created=db.now()))
+    return model_id
+
+
+def list_models(kind: str | None = None) -> list[dict]:
+    q = sa.select(db.models).order_by(db.models.c.created.desc())
+    if kind:
+        q = q.where(db.models.c.kind == kind)
+    with db.engine().connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
+def get_model(name_or_id: str | None, kind: str) -> dict | None:
+    """A model of `kind` by id or name; the newest of that kind when `name_or_id` is None."""
+    q = sa.select(db.models).where(db.models.c.kind == kind)
+    if name_or_id:
+        q = q.where(sa.or_(db.models.c.id == name_or_id, db.models.c.name == name_or_id))
+    with db.engine().connect() as conn:
+        row = conn.execute(q.order_by(db.models.c.created.desc())).mappings().first()
+        return dict(row) if row else None
+
+
+# ---- small key-value cache --------------------------------------------------------------------
+
+def kv_get_many(namespace: str, keys: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with db.engine().connect() as conn:
+        for i in range(0, len(keys), 500):
+            chunk = keys[i:i + 500]
+            for r in conn.execute(sa.select(db.kv).where(db.kv.c.namespace == namespace, db.kv.c.key.in_(chunk))).mappings():
+                out[r["key"]] = json.loads(r["value"])
+    return out
+
+
+def kv_put_many(namespace: str, items: dict[str, Any]) -> None:
+    if not items:
+        return
+    with db.engine().begin() as conn:
+        keys = list(items)
+        for i in range(0, len(keys), 500):
+            conn.execute(sa.delete(db.kv).where(db.kv.c.namespace == namespace, db.kv.c.key.in_(keys[i:i + 500])))
+        conn.execute(sa.insert(db.kv), [{"namespace": namespace, "key": k, "value": json.dumps(v)} for k, v in items.items()])

@@ -1,0 +1,306 @@
+"""Stage `extract`: read input files, turn HTML into main text (trafilatura), write raw shards.
+
+One Prefect task per input file. Each file yields document shards of about `shard_mb` of text
+(`extract/kept/<file-key>-<part>.parquet`), one removed shard, and a quarantine file for what
+could not be read. HTML extraction runs in a child process so a page that makes the parser hang
+or crash costs one document (`extract:timeout`), not the run.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import multiprocessing as mp
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+from pydantic import Field
+
+from catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from tasks import readers
+from tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
+from tasks.stage import QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, snippet
+
+import hashlib
+import inspect
+import sys
+
+STAGE = "extract"
+
+
+class ExtractConfig(StageConfig):
+    timeout_s: float = Field(10.0, gt=0, description="per-document HTML extraction time limit")
+    max_html_bytes: int = Field(5_000_000, gt=0, description="larger HTML payloads are removed unparsed")
+    max_doc_bytes: int = Field(5_000_000, gt=0, description="larger documents are removed (extract:too_large)")
+    min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
+    max_control_char_ratio: float = Field(0.05, ge=0, le=1, description="binary junk: share of control/replacement characters above which a document is removed")
+    shard_mb: float = Field(64.0, gt=0, description="target text size of one output shard")
+    include_comments: bool = False
+    include_tables: bool = True
+    favor_precision: bool = False
+    favor_recall: bool = False
+
+
+# ---- HTML extraction in a child process, with a time limit --------------------------------------
+
+def _serve(conn) -> None:  # runs in the child
+    import trafilatura
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        html, url, opts = msg
+        try:
+            text = trafilatura.extract(html, url=url, **opts)
+            conn.send(("ok", text))
+        except Exception as e:  # parser errors are per-document outcomes
+            conn.send(("error", f"{type(e).__name__}: {e}"[:300]))
+
+
+class HtmlExtractor:
+    """A long-lived trafilatura worker process; restarted after a timeout or a crash."""
+
+    _all: list["HtmlExtractor"] = []
+
+    def __init__(self):
+        self.proc = None
+        self.conn = None
+        HtmlExtractor._all.append(self)
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join(5)
+        self.proc = self.conn = None
+
+    def extract(self, html: bytes, url: str | None, opts: dict, timeout_s: float) -> tuple[str, str | None]:
+        """('ok', text) | ('empty', None) | ('timeout', None) | ('error', message)."""
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        self.conn.send((html, url, opts))
+        if not self.conn.poll(timeout_s):
+            self.stop()
+            return "timeout", None
+        try:
+            status, value = self.conn.recv()
+        except EOFError:  # the child died (segfault, out of memory)
+            self.stop()
+            return "error", "extractor process died"
+        if status == "ok" and not (value or "").strip():
+            return "empty", None
+        return status, value
+
+
+_local = threading.local()
+
+
+def _extractor() -> HtmlExtractor:
+    if getattr(_local, "extractor", None) is None:
+        _local.extractor = HtmlExtractor()
+    return _local.extractor
+
+
+@atexit.register
+def _stop_all() -> None:
+    for ex in HtmlExtractor._all:
+        ex.stop()
+
+
+# ---- per-record logic -------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+
+
+def control_char_ratio(text: str, sample: int = 100_000) -> float:
+    head = text[:sample]
+    return len(_CONTROL.findall(head)) / max(1, len(head))
+
+
+def decide(record: readers.RawRecord, cfg: ExtractConfig) -> tuple[str, str | None]:
+    """(text, removal reason or None) for one record."""
+    if record.reject:
+        return record.text or "", f"extract:{record.reject}"
+    if record.html is not None:
+        if len(record.html) > cfg.max_html_bytes:
+            return "", "extract:html_too_large"
+        opts = dict(include_comments=cfg.include_comments, include_tables=cfg.include_tables,
+                    favor_precision=cfg.favor_precision, favor_recall=cfg.favor_recall)
+        status, value = _extractor().extract(record.html, record.url, opts, cfg.timeout_s)
+        if status == "timeout":
+            return "", "extract:timeout"
+        if status == "error":
+            return "", "extract:parse_error"
+        if status == "empty":
+            return "", "extract:no_text"
+        text = value
+    else:
+        text = record.text or ""
+    if len(text.encode("utf-8", "surrogatepass")) > cfg.max_doc_bytes:
+        return text, "extract:too_large"
+    if len(text.strip()) < max(1, cfg.min_chars):
+        return text, "extract:empty"
+    if control_char_ratio(text) > cfg.max_control_char_ratio:
+        return text, "extract:binary_junk"
+    return text, None
+
+
+def _row(record: readers.RawRecord, text: str) -> dict[str, Any]:
+    return {"id": record.id, "text": _clean_surrogates(text), "source": record.source, "url": record.url,
+            "date": record.date, "content_type": record.content_type,
+            "metadata": json.dumps(record.metadata, ensure_ascii=False, sort_keys=True, default=str)}
+
+
+def _clean_surrogates(text: str) -> str:
+    # lone surrogates (from JSON \ud800 escapes) cannot be written as UTF-8
+    return text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
+
+
+def file_key(path: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(path).name)[:60]
+    return f"{stem}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+def code_version() -> str:
+    src = inspect.getsource(sys.modules[__name__]) + inspect.getsource(readers)
+    return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+
+
+def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows: int = 500) -> dict:
+    """Extract one input file into kept shards, a removed shard and a quarantine file."""
+    run_dir = Path(run_dir)
+    key = file_key(path)
+    marker = run_dir / STAGE / "_shards" / f"{key}.json"
+    input_sha = sha256_file(path) if "://" not in path else _remote_fingerprint(path)
+    fp = sha256_json({"stage": STAGE, "input": input_sha, "path": path, "code": code_version(),
+                      "config": cfg.model_dump(mode="json")})
+    if marker.exists():
+        done = read_json(marker)
+        outs = done.get("kept_shards", []) + [done["removed"]] + ([done["quarantine"]] if done.get("quarantine") else [])
+        if done.get("fingerprint") == fp and all(Path(o["path"]).exists() and sha256_file(o["path"]) == o["sha256"] for o in outs):
+            done["skipped"] = True
+            return done
+
+    t0 = time.perf_counter()
+    stats = readers.ReadStats()
+    kept_shards: list[Shard] = []
+    part = 0
+    kept_w: ShardWriter | None = None
+    kept_bytes = 0
+    removed_w = ShardWriter(run_dir / STAGE / "removed" / f"{key}.parquet", BASE_SCHEMA.append(REASON))
+    quarantine_rows: list[dict] = []
+    kept_rows: list[dict] = []
+    removed_rows: list[dict] = []
+    counts: dict[str, int] = {}
+    examples: dict[str, list[dict]] = {}
+    n_docs = bytes_in = chars_in = bytes_out = chars_out = 0
+    shard_bytes = int(cfg.shard_mb * 1e6)
+
+    def flush(final: bool = False) -> None:
+        nonlocal kept_w, kept_rows, removed_rows, part, kept_bytes
+        if kept_rows:
+            if kept_w is None:
+                kept_w = ShardWriter(run_dir / STAGE / "kept" / f"{key}-{part:04d}.parquet", BASE_SCHEMA)
+            kept_w.write(pa.Table.from_pylist(kept_rows, BASE_SCHEMA))
+            kept_rows = []
+        if removed_rows:
+            table = pa.Table.from_pylist(removed_rows, BASE_SCHEMA.append(REASON))
+            removed_w.write(table)
+            count_reasons(table, counts, examples)
+            removed_rows = []
+        if kept_w is not None and (final or kept_bytes >= shard_bytes):
+            kept_shards.append(kept_w.close())
+            kept_w = None
+            kept_bytes = 0
+            part += 1
+
+    try:
+        for item in readers.read(path, stats):
+            if isinstance(item, readers.Quarantined):
+                quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
+                                        "reason": item.reason, "snippet": item.snippet})
+                continue
+            n_docs += 1
+            text, reason = decide(item, cfg)
+            row = _row(item, text)
+            nbytes = len(row["text"].encode())
+            bytes_in += nbytes
+            chars_in += len(row["text"])
+            if reason is None:
+                kept_rows.append(row)
+                kept_bytes += nbytes
+                bytes_out += nbytes
+                chars_out += len(row["text"])
+            else:
+                row["reason"] = reason
+                removed_rows.append(row)
+            if len(kept_rows) + len(removed_rows) >= batch_rows or kept_bytes >= shard_bytes:
+                flush()
+        flush(final=True)
+        removed = removed_w.close()
+        quarantine = None
+        if quarantine_rows:
+            quarantine = _write_quarantine(run_dir / "quarantine" / f"{key}.parquet", quarantine_rows)
+    except BaseException:
+        if kept_w is not None:
+            kept_w.abort()
+        removed_w.abort()
+        raise
+
+    kept_docs = sum(s.rows for s in kept_shards)
+    result = {
+        "stage": STAGE, "shard": key, "source": path, "fingerprint": fp, "input_sha256": input_sha,
+        "records_read": n_docs + len(quarantine_rows), "input_docs": n_docs, "kept_docs": kept_docs,
+        "removed_docs": removed.rows, "quarantined": len(quarantine_rows),
+        "quarantine_by_reason": _reason_counts(quarantine_rows),
+        "skipped_records": stats.skipped,
+        "kept_shards": [s.model_dump() for s in kept_shards], "removed": removed.model_dump(),
+        "quarantine": quarantine.model_dump() if quarantine else None,
+        "removed_by_reason": counts, "examples": examples, "stats": {"skipped_records": stats.skipped},
+        "bytes_in": bytes_in, "bytes_out": bytes_out, "chars_in": chars_in, "chars_out": chars_out,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if n_docs != kept_docs + removed.rows:
+        raise AssertionError(f"extract/{key}: {n_docs} documents != kept {kept_docs} + removed {removed.rows}")
+    write_json_atomic(marker, result)
+    result["skipped"] = False
+    return result
+
+
+def _reason_counts(rows: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        # group by the reason's stable head ("malformed JSON: ..." → "malformed JSON")
+        head = r["reason"].split(":")[0]
+        out[head] = out.get(head, 0) + 1
+    return out
+
+
+def _write_quarantine(path: Path, rows: list[dict]) -> Shard:
+    w = ShardWriter(path, QUARANTINE_SCHEMA)
+    w.write(pa.Table.from_pylist(rows, QUARANTINE_SCHEMA))
+    return w.close()
+
+
+def _remote_fingerprint(path: str) -> str:
+    import fsspec
+    fs, _, (p,) = fsspec.get_fs_token_paths(path)
+    info = fs.info(p)
+    return sha256_json({k: info.get(k) for k in ("size", "mtime", "ETag", "etag", "md5", "LastModified")})
+
+
+@task(name="extract", task_run_name="extract-{path}", retries=1, retry_delay_seconds=1)
+def extract_task(path: str, run_dir: str, cfg: ExtractConfig) -> dict:
+    return extract_file(path, run_dir, cfg)

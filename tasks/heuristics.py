@@ -1,0 +1,189 @@
+"""Stage `heuristics`: datatrove's Gopher repetition, Gopher quality, C4 and FineWeb filters, in
+FineWeb's order, configured per language.
+
+We use datatrove's filter classes as they are (their rules, their reason names) and add what a
+curation run needs around them: one filter instance per document language (tokeniser and Gopher
+stop words for Spanish and Portuguese, not only English), a reason for every removal
+(`<filter>:<rule>`, e.g. `gopher_quality:gopher_enough_stop_words`), and a per-document error
+guard so one odd document cannot stop a shard. The C4 filter also edits text (drops lines without
+terminal punctuation, citations, policy lines), so kept documents carry the edited text.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tasks.schema import set_column
+from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, split_by_mask
+
+# lid.176 codes to datatrove's (ISO 639-3) tokeniser languages.
+TOKENIZER_LANGUAGE = {"en": "eng", "es": "spa", "pt": "por", "fr": "fra", "de": "deu", "it": "ita",
+                      "nl": "nld", "ca": "cat", "gl": "glg"}
+
+# Gopher's rule asks for at least 2 of 8 very common function words; the English list is Gopher's,
+# the Spanish and Portuguese lists are the 8 most frequent function words of each language.
+DEFAULT_STOP_WORDS = {
+    "en": ["the", "be", "to", "of", "and", "that", "have", "with"],
+    "es": ["de", "la", "que", "el", "en", "y", "a", "los"],
+    "pt": ["de", "a", "o", "que", "e", "do", "da", "em"],
+}
+
+
+class _FilterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+
+
+class GopherRepetitionConfig(_FilterConfig):
+    dup_line_frac: float | None = 0.3
+    dup_para_frac: float | None = 0.3
+    dup_line_char_frac: float | None = 0.2
+    dup_para_char_frac: float | None = 0.2
+    top_n_grams: list[tuple[int, float]] = [(2, 0.2), (3, 0.18), (4, 0.16)]
+    dup_n_grams: list[tuple[int, float]] = [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)]
+
+
+class GopherQualityConfig(_FilterConfig):
+    min_doc_words: int | None = 50
+    max_doc_words: int | None = 100_000
+    min_avg_word_length: int | None = 3
+    max_avg_word_length: int | None = 10
+    max_symbol_word_ratio: float | None = 0.1
+    max_bullet_lines_ratio: float | None = 0.9
+    max_ellipsis_lines_ratio: float | None = 0.3
+    max_non_alpha_words_ratio: float | None = 0.8
+    min_stop_words: int | None = 2
+    stop_words: list[str] | None = Field(None, description="default: the document language's list in heuristics.stop_words")
+
+
+class C4Config(_FilterConfig):
+    split_paragraph: bool = True
+    remove_citations: bool = True
+    filter_no_terminal_punct: bool = False   # FineWeb's setting; C4's own is true
+    min_num_sentences: int = 5
+    min_words_per_line: int = 3
+    max_word_length: int = 1000
+    filter_lorem_ipsum: bool = True
+    filter_javascript: bool = True
+    filter_curly_bracket: bool = True
+    filter_policy: bool = True
+
+
+class FineWebConfig(_FilterConfig):
+    line_punct_thr: float = 0.12
+    line_punct_exclude_zero: bool = False
+    short_line_thr: float = 0.67
+    short_line_length: int = 30
+    char_duplicates_ratio: float = 0.01
+    new_line_ratio: float = 0.3
+
+
+FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
+    "gopher_repetition": (GopherRepetitionConfig, "datatrove.pipeline.filters:GopherRepetitionFilter"),
+    "gopher_quality": (GopherQualityConfig, "datatrove.pipeline.filters:GopherQualityFilter"),
+    "c4": (C4Config, "datatrove.pipeline.filters:C4QualityFilter"),
+    "fineweb": (FineWebConfig, "datatrove.pipeline.filters:FineWebQualityFilter"),
+}
+
+
+class HeuristicsConfig(StageConfig):
+    gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
+    gopher_quality: GopherQualityConfig = GopherQualityConfig()
+    c4: C4Config = C4Config()
+    fineweb: FineWebConfig = FineWebConfig()
+    stop_words: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_STOP_WORDS))
+    per_language: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description="overrides per language, e.g. {es: {gopher_quality: {min_doc_words: 40}}}")
+
+    @model_validator(mode="after")
+    def _check_overrides(self):
+        for lang, blocks in self.per_language.items():
+            for name, values in blocks.items():
+                if name not in FILTERS:
+                    raise ValueError(f"per_language.{lang}.{name}: unknown filter (expected one of {', '.join(FILTERS)})")
+                self.filter_config(name, lang)  # validates the merged values
+        return self
+
+    def filter_config(self, name: str, lang: str) -> _FilterConfig:
+        base = getattr(self, name)
+        override = self.per_language.get(lang, {}).get(name)
+        if not override:
+            return base
+        return type(base).model_validate({**base.model_dump(), **override})
+
+
+def _import(spec: str):
+    import importlib
+    mod, cls = spec.split(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+class HeuristicFilters(Stage):
+    name = "heuristics"
+
+    def __init__(self, config: HeuristicsConfig):
+        super().__init__(config)
+        self._chains: dict[str, list[tuple[str, Any]]] = {}
+
+    def chain(self, lang: str) -> list[tuple[str, Any]]:
+        """The enabled datatrove filters for one language, built once."""
+        if lang not in self._chains:
+            cfg: HeuristicsConfig = self.config
+            tok_lang = TOKENIZER_LANGUAGE.get(lang, "eng")
+            chain = []
+            for name, (_, spec) in FILTERS.items():
+                fc = cfg.filter_config(name, lang)
+                if not fc.enabled:
+                    continue
+                kwargs = fc.model_dump(exclude={"enabled"})
+                if name == "gopher_quality" and kwargs.get("stop_words") is None:
+                    kwargs["stop_words"] = cfg.stop_words.get(lang, cfg.stop_words.get("en", DEFAULT_STOP_WORDS["en"]))
+                if name == "gopher_repetition":
+                    kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
+                    kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
+                chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
+            self._chains[lang] = chain
+        return self._chains[lang]
+
+    def judge(self, text: str, lang: str, doc_id: str) -> tuple[str, str | None]:
+        """(possibly edited text, removal reason or None)."""
+        from datatrove.data import Document
+        doc = Document(text=text, id=doc_id)
+        for name, flt in self.chain(lang):
+            try:
+                verdict = flt.filter(doc)
+            except Exception as e:  # a rule that cannot evaluate this document removes it, visibly
+                return doc.text, f"{name}:error:{type(e).__name__}"
+            if isinstance(verdict, tuple):
+                ok, rule = verdict
+            else:
+                ok, rule = verdict, None
+            if not ok:
+                return doc.text, f"{name}:{rule or 'failed'}"
+        return doc.text, None
+
+    def process(self, batch: pa.Table) -> Outcome:
+        texts = batch.column("text").to_pylist()
+        ids = batch.column("id").to_pylist()
+        langs = batch.column("lang").to_pylist() if "lang" in batch.column_names else ["en"] * len(texts)
+        new_texts, keep, reasons = [], [], []
+        for text, lang, doc_id in zip(texts, langs, ids):
+            new_text, reason = self.judge(text, lang or "en", doc_id)
+            keep.append(reason is None)
+            reasons.append(reason)
+            # removed documents keep their original text, so users see what the rule saw
+            new_texts.append(new_text if reason is None else text)
+        batch = set_column(batch, pa.field("text", pa.string(), nullable=False), new_texts)
+        kept, removed = split_by_mask(batch, keep, reasons)
+        edited = sum(1 for a, b, k in zip(texts, new_texts, keep) if k and a != b)
+        return Outcome(kept, removed, {"edited_by_c4": edited})
+
+
+@task(name="heuristics", task_run_name="heuristics-{shard.name}", retries=1, retry_delay_seconds=1)
+def heuristics_task(shard: Shard, run_dir: str, cfg: HeuristicsConfig) -> dict:
+    return process_shard(HeuristicFilters(cfg), shard, run_dir)
