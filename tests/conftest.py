@@ -1,0 +1,97 @@
+"""Test session set-up: private QUIPU_HOME / PREFECT_HOME / TMPDIR, one Prefect server for the
+whole session (started on first use), and the `shared_data` fixture that skips with a reason on a
+clone without ../shared.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="quipu-tests-"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Before anything imports prefect: every test session gets its own homes and one API address.
+_PORT = _free_port()
+os.environ["QUIPU_HOME"] = str(_SESSION_TMP / "quipu-home")
+os.environ["PREFECT_HOME"] = str(_SESSION_TMP / "prefect-home")
+os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{_PORT}/api"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+os.environ["PREFECT_UI_ENABLED"] = "false"
+os.environ["TMPDIR"] = str(_SESSION_TMP / "tmp")
+os.environ.pop("QUIPU_CATALOG_URL", None)
+(_SESSION_TMP / "tmp").mkdir(parents=True, exist_ok=True)
+tempfile.tempdir = os.environ["TMPDIR"]
+
+_server: subprocess.Popen | None = None
+
+
+def start_prefect_server() -> str:
+    """Start (once) a Prefect server on 127.0.0.1 for this session; returns its API URL."""
+    global _server
+    url = os.environ["PREFECT_API_URL"]
+    if _server is None:
+        log = open(_SESSION_TMP / "prefect-server.log", "wb")
+        _server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_API_URL": ""})
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if _server.poll() is not None:
+                raise RuntimeError("prefect server exited: " + (_SESSION_TMP / "prefect-server.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("prefect server did not become healthy in 180 s")
+    return url
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> str:
+    return start_prefect_server()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _server is not None:
+        _server.terminate()
+        try:
+            _server.wait(20)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"needs ../shared/data (real public test data beside the repository); not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the `quipu` CLI in a subprocess against the session's Prefect server."""
+    start_prefect_server()
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)
