@@ -102,9 +102,16 @@ class ShardWriter:
                      rows=self.rows, bytes=self.path.stat().st_size)
 
     def abort(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        """Drop the temporary file; never raises (it runs while another error propagates)."""
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except Exception:
+            pass  # e.g. the disk is full: closing cannot flush, the file is deleted anyway
+        try:
+            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        except Exception:
+            pass
 
 
 def write_table(path: Path, table: pa.Table) -> Shard:
