@@ -30,11 +30,13 @@ def finish_run(run_id: str, status: str, summary: dict | None = None) -> None:
             status=status, ended=db.now(), summary=db.dumps(summary) if summary is not None else None))
 
 
-def mark_stale_runs_crashed(flow: str | None = None) -> int:
-    """Runs still `running` from a process that died: called when a new run of the flow starts."""
+def mark_stale_runs_crashed(flow: str | None = None, output: str | None = None) -> int:
+    """Runs still `running` from a process that died: called when a new run into the same output starts."""
     q = sa.update(db.runs).where(db.runs.c.status == "running")
     if flow:
         q = q.where(db.runs.c.flow == flow)
+    if output:
+        q = q.where(db.runs.c.output == output)
     with db.engine().begin() as conn:
         return conn.execute(q.values(status="crashed", ended=db.now())).rowcount
 
@@ -196,3 +198,26 @@ def kv_put_many(namespace: str, items: dict[str, Any]) -> None:
         for i in range(0, len(keys), 500):
             conn.execute(sa.delete(db.kv).where(db.kv.c.namespace == namespace, db.kv.c.key.in_(keys[i:i + 500])))
         conn.execute(sa.insert(db.kv), [{"namespace": namespace, "key": k, "value": json.dumps(v)} for k, v in items.items()])
+
+
+# ---- files seen by the watcher ----------------------------------------------------------------
+
+def files_seen(location: str) -> dict[str, dict]:
+    """What the watcher last recorded for each file under `location`: path -> size, mtime, checksum."""
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.files_seen).where(db.files_seen.c.location == location)).mappings()
+        return {r["path"]: dict(r) for r in rows}
+
+
+def mark_files_seen(location: str, items: Iterable[dict], run_id: str | None = None) -> None:
+    """items: dicts with path, size, mtime and optionally checksum; a path seen before is replaced."""
+    rows = [{"location": location, "path": i["path"], "size": i.get("size"), "mtime": i.get("mtime"),
+             "checksum": i.get("checksum"), "first_seen": db.now(), "run_id": run_id} for i in items]
+    if not rows:
+        return
+    with db.engine().begin() as conn:
+        paths = [r["path"] for r in rows]
+        for i in range(0, len(paths), 500):
+            conn.execute(sa.delete(db.files_seen).where(db.files_seen.c.location == location,
+                                                        db.files_seen.c.path.in_(paths[i:i + 500])))
+        conn.execute(sa.insert(db.files_seen), rows)

@@ -7,6 +7,7 @@ one message naming the key, exit code 2, no traceback), then runs the Prefect fl
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from typing import Callable
@@ -23,6 +24,9 @@ PREFECT_DEFAULTS = {
 def prefect_env() -> None:
     for k, v in PREFECT_DEFAULTS.items():
         os.environ.setdefault(k, v)
+
+
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM}
 
 
 class UserError(Exception):
@@ -58,16 +62,20 @@ def cmd_curate(args) -> int:
         expand_inputs(config.input)
     except FileNotFoundError as e:
         raise UserError(str(e)) from None
+    from flows.curate import preflight
+    try:  # models the enabled stages need: a missing or corrupt file is named before any work
+        preflight(config)
+    except (ValueError, OSError) as e:
+        raise UserError(str(e)) from None
     return run_curate(config)
 
 
 def run_curate(config) -> int:
-    from prefect.task_runners import ThreadPoolTaskRunner
-
     from flows.curate import curate
     from flows.reports import format_funnel
+    from flows.runners import make_task_runner
 
-    summary = curate.with_options(task_runner=ThreadPoolTaskRunner(max_workers=config.workers))(config)
+    summary = curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config)
     print()
     print(format_funnel(summary))
     print()
@@ -81,6 +89,13 @@ def run_curate(config) -> int:
 def cmd_report(args) -> int:
     from flows.reports import format_funnel, load_run
 
+    if args.diff:
+        from flows.reports import diff_runs, resolve_run_dir
+        try:
+            print(diff_runs(load_run(resolve_run_dir(args.diff[0])), load_run(resolve_run_dir(args.diff[1]))))
+        except FileNotFoundError as e:
+            raise UserError(str(e)) from None
+        return 0
     run_dir = args.run
     if args.latest or not run_dir:
         from catalog import registry
@@ -156,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="print a run's funnel and top removal reasons")
     p.add_argument("run", nargs="?", help="run directory")
     p.add_argument("--latest", action="store_true", help="the newest curate run in the catalog")
+    p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two runs stage by stage (run dirs or ids)")
     p.add_argument("--top", type=int, default=5, help="reasons per stage")
     p.set_defaults(func=cmd_report)
 
@@ -169,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run", help="run id, run directory or dataset name")
     q.set_defaults(func=cmd_catalog_show)
 
+    import flows.ops  # noqa: F401  (watch, deploy)
+    import flows.quality_cli  # noqa: F401  (quality train)
+    import flows.ppl_cli  # noqa: F401  (ppl label/distill/eval, kenlm train)
+    import flows.benchmarks_cli  # noqa: F401  (benchmarks ls/check)
+    import flows.train_cli  # noqa: F401  (train, plan, export)
+    import flows.demo  # noqa: F401  (demo)
     for add in EXTRA_COMMANDS:
         add(sub)
     return parser
@@ -187,7 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("quipu: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:  # disk full, read-only or forbidden output: say where, no traceback
+            print(f"quipu: cannot write {e.filename or 'output'}: {e.strerror}; earlier outputs are left as they were",
+                  file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m flows.cli`: run the importable module, the one other modules add commands to.
+    from flows.cli import main as _main
+    sys.exit(_main())

@@ -14,15 +14,20 @@ from typing import Callable
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from catalog import registry
 from catalog.files import remove_stale_temporaries, write_json_atomic
-from flows.reports import publish_artifacts
+from flows.reports import RunProgress, publish_artifacts
+from flows.runners import RunnerConfig, make_task_runner, runner_matches
+from tasks.decontam import DecontamConfig, check_decontam, run_decontam
+from tasks.dedup import DedupConfig, check_dedup, run_dedup_stage
 from tasks.extract import ExtractConfig, extract_task
 from tasks.heuristics import HeuristicsConfig, heuristics_task
 from tasks.langid import LangIdConfig, langid_task
 from tasks.output import OutputConfig, write_curated_task
+from tasks.perplexity import PerplexityConfig, check_perplexity, run_perplexity
+from tasks.quality import QualityConfig, check_quality, run_quality
 from tasks.readers import expand_inputs
 from tasks.stage import Shard, aggregate, write_report
 
@@ -35,15 +40,26 @@ class CurateConfig(BaseModel):
     dataset: str | None = Field(None, description="catalog name of the curated dataset (default: the output directory's name)")
     workers: int = Field(2, ge=1, le=256, description="parallel shard tasks (threads)")
     artifact_prefix: str = Field("curate", pattern=r"^[a-z0-9-]+$", description="prefix of the Prefect artifact keys")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where shard tasks run: threads, or Dask (LocalCluster or a scheduler address)")
     extract: ExtractConfig = ExtractConfig()
     langid: LangIdConfig = LangIdConfig()
     heuristics: HeuristicsConfig = HeuristicsConfig()
+    quality: QualityConfig = QualityConfig()
+    dedup: DedupConfig = DedupConfig()
+    decontam: DecontamConfig = DecontamConfig()
+    perplexity: PerplexityConfig = PerplexityConfig()
     curated: OutputConfig = OutputConfig()
 
     @field_validator("input", mode="before")
     @classmethod
     def _one_or_many(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _dedup_index_name(self):
+        # the dedup index is per dataset: runs into other output folders share it by naming the dataset
+        self.dedup._default_index = self.dataset
+        return self
 
     @field_validator("extract")
     @classmethod
@@ -59,18 +75,40 @@ class StageSpec:
     name: str
     task: object = None
     runner: Callable[[list[Shard], str, object], list[dict]] | None = None
+    check: Callable[[object], object] | None = None   # loads models etc. before any document is read
 
-    def run(self, shards: list[Shard], run_dir: str, cfg) -> list[dict]:
+    def run(self, shards: list[Shard], run_dir: str, cfg, progress: Callable[[float], object] | None = None) -> list[dict]:
         if self.runner is not None:
             return self.runner(shards, run_dir, cfg)
-        futures = self.task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg))
-        return [f.result() for f in futures]
+        return collect(self.task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg)), progress)
+
+
+def collect(futures, progress: Callable[[float], object] | None = None) -> list[dict]:
+    """Results in input order; `progress(fraction done)` after each (the UI's progress artifact)."""
+    results = []
+    for i, f in enumerate(futures, 1):
+        results.append(f.result())
+        if progress is not None:
+            progress(i / len(futures))
+    return results
 
 
 STAGES: list[StageSpec] = [
     StageSpec("langid", langid_task),
     StageSpec("heuristics", heuristics_task),
+    StageSpec("quality", runner=run_quality, check=check_quality),
+    StageSpec("dedup", runner=run_dedup_stage, check=check_dedup),   # global: signatures, plan, split, commit
+    StageSpec("decontam", runner=run_decontam, check=check_decontam),
+    StageSpec("perplexity", runner=run_perplexity, check=check_perplexity),   # last: scores what is kept
 ]
+
+
+def preflight(config: CurateConfig) -> None:
+    """Load what the enabled stages need (e.g. a model file) so that a missing or corrupt one fails
+    with a message naming it before any document is read."""
+    for spec in STAGES:
+        if spec.check is not None and getattr(config, spec.name).enabled:
+            spec.check(getattr(config, spec.name))
 
 
 def aggregate_extract(results: list[dict]) -> dict:
@@ -100,6 +138,11 @@ def _flow_run_id() -> str | None:
 
 @flow(name="curate", log_prints=True, persist_result=False)
 def curate(config: CurateConfig) -> dict:
+    from prefect.context import FlowRunContext
+    ctx = FlowRunContext.get()
+    if ctx is not None and not runner_matches(config.runner, ctx.task_runner):
+        # A deployment run whose form asks for another task runner: run on it, as a subflow.
+        return curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config)
     log = get_run_logger()
     t_start = time.perf_counter()
     run_dir = Path(config.output).resolve()
@@ -109,6 +152,7 @@ def curate(config: CurateConfig) -> dict:
         log.info("removed %d temporary files left by an interrupted run", stale)
     files = expand_inputs(config.input)
     cfg_json = config.model_dump(mode="json")
+    registry.mark_stale_runs_crashed("curate", output=str(run_dir))  # a killed earlier run into this output
     run_id = registry.start_run("curate", cfg_json, str(run_dir), _flow_run_id())
     try:
         summary = _curate(config, run_dir, files, run_id, log)
@@ -125,7 +169,10 @@ def _curate(config: CurateConfig, run_dir: Path, files: list[str], run_id: str, 
     rd = str(run_dir)
     reports: dict[str, dict] = {}
 
-    results = [f.result() for f in extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract))]
+    preflight(config)  # a missing or corrupt model fails here, before extract reads anything
+    progress = RunProgress(config.artifact_prefix, ["extract"] + [s.name for s in STAGES if getattr(config, s.name).enabled] + ["curated"])
+    results = collect(extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract)),
+                      lambda f: progress.update("extract", f))
     report = aggregate_extract(results)
     reports["extract"] = report
     write_report(run_dir, "extract", report)
@@ -138,7 +185,8 @@ def _curate(config: CurateConfig, run_dir: Path, files: list[str], run_id: str, 
         if not stage_cfg.enabled:
             continue
         prev_kept = sum(s.rows for s in shards)
-        results = spec.run([s for s in shards if s.rows > 0], rd, stage_cfg)
+        progress.update(spec.name, 0.0)
+        results = spec.run([s for s in shards if s.rows > 0], rd, stage_cfg, lambda f, n=spec.name: progress.update(n, f))
         report = aggregate(spec.name, results)
         if report["input_docs"] != prev_kept:
             raise AssertionError(f"{spec.name}: read {report['input_docs']} documents, previous stage kept {prev_kept}")
@@ -147,7 +195,9 @@ def _curate(config: CurateConfig, run_dir: Path, files: list[str], run_id: str, 
         shards = [Shard(**r["kept"]) for r in results]
         log.info("%s: %d in, %d kept, %d removed", spec.name, report["input_docs"], report["kept_docs"], report["removed_docs"])
 
+    progress.update("curated", 0.0)
     curated = write_curated_task(shards, str(run_dir / "curated"), config.curated)
+    progress.done()
     summary = {
         "run_id": run_id, "output": rd, "inputs": files,
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],

@@ -82,17 +82,118 @@ def stage_markdown(report: dict) -> str:
 
 def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate") -> None:
     """Table artifact for the funnel, one markdown artifact per stage (needs a Prefect run context)."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
     create_table_artifact(key=f"{prefix}-funnel", table=funnel_rows(run),
                           description=f"Curation funnel of run {run.get('run_id')} ({run.get('output')})")
     for name, report in reports.items():
         create_markdown_artifact(key=f"{prefix}-stage-{name}", markdown=stage_markdown(report),
                                  description=f"Stage {name}: removal reasons and examples")
-    summary = [f"# Curate run `{run.get('run_id')}`", "",
-               f"- output: `{run.get('output')}`",
-               f"- records read: {run.get('records_read')} · quarantined: {run.get('quarantined')}",
-               f"- curated: {run.get('curated', {}).get('rows')} documents in "
-               f"{len(run.get('curated', {}).get('shards', []))} shards under `{run.get('output')}/curated`",
-               f"- reports: " + ", ".join(f"`{run.get('output')}/{s}/report.json`" for s in reports)]
-    create_markdown_artifact(key=f"{prefix}-summary", markdown="\n".join(summary), description="Run summary")
+    create_markdown_artifact(key=f"{prefix}-summary", markdown=summary_markdown(run, list(reports)),
+                             description="Run summary with links to the report files")
+    create_link_artifact(key=f"{prefix}-run-json", link=Path(run.get("output", ".")).joinpath("run.json").as_uri(),
+                         link_text="run.json", description=f"Run summary file of run {run.get('run_id')}")
+
+
+def summary_markdown(run: dict, stages: list[str]) -> str:
+    out = run.get("output", ".")
+    curated = run.get("curated", {})
+    lines = [f"# Curate run `{run.get('run_id')}`", "",
+             f"- output: [{out}]({Path(out).as_uri()})",
+             f"- inputs: {len(run.get('inputs', []))} files",
+             f"- records read: {run.get('records_read')} · quarantined: {run.get('quarantined')}",
+             f"- curated: **{curated.get('rows')}** documents in {len(curated.get('shards', []))} shards under "
+             f"[{out}/curated]({Path(out, 'curated').as_uri()})",
+             f"- run summary: [run.json]({Path(out, 'run.json').as_uri()})", "",
+             "| stage | input | kept | removed | report |", "|---|---:|---:|---:|---|"]
+    by_name = {s["name"]: s for s in run.get("stages", [])}
+    for name in stages:
+        s = by_name.get(name, {})
+        report = Path(out, name, "report.json")
+        lines.append(f"| {name} | {s.get('input_docs', '')} | {s.get('kept_docs', '')} | {s.get('removed_docs', '')} "
+                     f"| [{name}/report.json]({report.as_uri()}) |")
+    return "\n".join(lines)
+
+
+class RunProgress:
+    """A progress artifact (`<prefix>-progress`) updated in place while the stages run.
+
+    Progress is (finished stages + the running stage's finished fraction) / stages, in percent.
+    A failed update (server busy) is logged, never fails the run.
+    """
+
+    def __init__(self, prefix: str, stages: list[str]):
+        self.stages = stages
+        self.artifact_id = None
+        from prefect.context import FlowRunContext
+        if FlowRunContext.get() is None:   # called outside a flow run: nothing to show it in
+            return
+        try:
+            from prefect.artifacts import create_progress_artifact
+            self.artifact_id = create_progress_artifact(progress=0.0, key=f"{prefix}-progress",
+                                                        description=self._describe(stages[0], 0.0))
+        except Exception as e:  # no run context or the API is unreachable: progress is only a display
+            self._warn(e)
+
+    def _describe(self, stage: str, fraction: float) -> str:
+        return f"stage {stage} ({self.stages.index(stage) + 1}/{len(self.stages)}), {100 * fraction:.0f}% of its shards done"
+
+    @staticmethod
+    def _warn(e: Exception) -> None:
+        import logging
+        logging.getLogger("quipu.reports").warning("progress artifact not updated: %s", e)
+
+    def update(self, stage: str, fraction: float) -> float:
+        i = self.stages.index(stage) if stage in self.stages else len(self.stages) - 1
+        pct = round(100.0 * (i + min(max(fraction, 0.0), 1.0)) / len(self.stages), 1)
+        if self.artifact_id is not None:
+            try:
+                from prefect.artifacts import update_progress_artifact
+                update_progress_artifact(self.artifact_id, pct, description=self._describe(stage, fraction))
+            except Exception as e:
+                self._warn(e)
+        return pct
+
+    def done(self) -> None:
+        self.update(self.stages[-1], 1.0)
+
+
+def resolve_run_dir(run: str) -> str:
+    """A run directory as given, or the output directory of a run id known to the catalog."""
+    if (Path(run) / "run.json").is_file():
+        return run
+    from catalog import registry
+    found = registry.get_run(run)
+    if found is None or not found.get("output"):
+        raise FileNotFoundError(f"{run}: neither a run directory with run.json nor a run id in the catalog")
+    return found["output"]
+
+
+def diff_runs(a: dict, b: dict, top: int = 5) -> str:
+    """Stage-by-stage comparison of two runs: counts, kept share and the reasons that moved most."""
+    sa = {s["name"]: s for s in a["stages"]}
+    sb = {s["name"]: s for s in b["stages"]}
+    names = [s["name"] for s in a["stages"]] + [s["name"] for s in b["stages"] if s["name"] not in sa]
+
+    def pct(s):
+        return 100.0 * s["kept_docs"] / s["input_docs"] if s and s["input_docs"] else 0.0
+
+    out = [f"A: {a.get('run_id', '?')} ({a.get('output', '?')})", f"B: {b.get('run_id', '?')} ({b.get('output', '?')})", "",
+           f"{'stage':<14}{'input A':>9}{'input B':>9}{'kept A':>9}{'kept B':>9}{'kept% A':>9}{'kept% B':>9}{'Δ pts':>8}"]
+    for n in names:
+        x, y = sa.get(n), sb.get(n)
+        cell = lambda s, k: str(s[k]) if s else "-"  # noqa: E731
+        delta = f"{pct(y) - pct(x):+.1f}" if x and y else "-"
+        out.append(f"{n:<14}{cell(x, 'input_docs'):>9}{cell(y, 'input_docs'):>9}{cell(x, 'kept_docs'):>9}"
+                   f"{cell(y, 'kept_docs'):>9}{(f'{pct(x):.1f}' if x else '-'):>9}{(f'{pct(y):.1f}' if y else '-'):>9}{delta:>8}")
+    ca, cb = a.get("curated", {}).get("rows"), b.get("curated", {}).get("rows")
+    out.append(f"{'curated':<14}{'':>9}{'':>9}{str(ca):>9}{str(cb):>9}")
+    for n in names:
+        ra = (sa.get(n) or {}).get("removed_by_reason", {})
+        rb = (sb.get(n) or {}).get("removed_by_reason", {})
+        moved = sorted(((r, ra.get(r, 0), rb.get(r, 0)) for r in set(ra) | set(rb) if ra.get(r, 0) != rb.get(r, 0)),
+                       key=lambda t: (-abs(t[2] - t[1]), t[0]))[:top]
+        if moved:
+            out += ["", f"{n}: removal reasons that changed (A → B)"]
+            out += [f"  {r:<48}{x:>8} → {y:<8}" for r, x, y in moved]
+    return "\n".join(out)

@@ -47,8 +47,12 @@ class ExtractConfig(StageConfig):
 
 # ---- HTML extraction in a child process, with a time limit --------------------------------------
 
+WORKER_START_TIMEOUT_S = 300
+
+
 def _serve(conn) -> None:  # runs in the child
     import trafilatura
+    conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
@@ -79,6 +83,12 @@ class HtmlExtractor:
         self.proc.start()
         child.close()
         self.conn = parent
+        # Starting Python and importing trafilatura takes seconds, more on a loaded machine: wait for
+        # the worker to be ready, so that start-up never counts against a document's time limit.
+        if not parent.poll(WORKER_START_TIMEOUT_S):
+            self.stop()
+            raise RuntimeError(f"the HTML extraction worker did not start in {WORKER_START_TIMEOUT_S} s")
+        parent.recv()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -86,7 +96,7 @@ class HtmlExtractor:
             self.proc.join(5)
         self.proc = self.conn = None
 
-    def extract(self, html: bytes, url: str | None, opts: dict, timeout_s: float) -> tuple[str, str | None]:
+    def extract(self, html: bytes | str, url: str | None, opts: dict, timeout_s: float) -> tuple[str, str | None]:
         """('ok', text) | ('empty', None) | ('timeout', None) | ('error', message)."""
         if self.proc is None or not self.proc.is_alive():
             self._start()
@@ -122,6 +132,23 @@ def _stop_all() -> None:
 # ---- per-record logic -------------------------------------------------------------------------
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+_CHARSET = re.compile(r"charset\s*=\s*[\"']?([A-Za-z0-9_.:-]+)", re.I)
+
+
+def html_for_parser(html: bytes, content_type: str | None) -> bytes | str:
+    """The page decoded with the charset its HTTP header declares, else its bytes unchanged.
+
+    trafilatura sees only the bytes: it honours a <meta> charset, otherwise it guesses, and reads
+    e.g. a windows-1252 page as windows-1250 ('crème' -> 'crčme'). The HTTP header wins over
+    <meta>, as in browsers; a charset that is unknown or does not fit the bytes is ignored.
+    """
+    m = _CHARSET.search(content_type or "")
+    if m:
+        try:
+            return html.decode(m.group(1))
+        except (LookupError, UnicodeDecodeError):
+            pass
+    return html
 
 
 def control_char_ratio(text: str, sample: int = 100_000) -> float:
@@ -138,7 +165,7 @@ def decide(record: readers.RawRecord, cfg: ExtractConfig) -> tuple[str, str | No
             return "", "extract:html_too_large"
         opts = dict(include_comments=cfg.include_comments, include_tables=cfg.include_tables,
                     favor_precision=cfg.favor_precision, favor_recall=cfg.favor_recall)
-        status, value = _extractor().extract(record.html, record.url, opts, cfg.timeout_s)
+        status, value = _extractor().extract(html_for_parser(record.html, record.content_type), record.url, opts, cfg.timeout_s)
         if status == "timeout":
             return "", "extract:timeout"
         if status == "error":

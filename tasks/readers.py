@@ -103,9 +103,19 @@ def escape_snippet(raw: bytes | str) -> str:
     return raw[:SNIPPET_BYTES].decode("utf-8", "backslashreplace")
 
 
+def _size(path: str) -> int | None:
+    try:
+        fs, _, (p,) = fsspec.get_fs_token_paths(path)
+        return fs.size(p)
+    except Exception:
+        return None
+
+
 def read(path: str, stats: ReadStats) -> Iterator[RawRecord | Quarantined]:
     kind = reader_kind(path)
-    if kind == "warc":
+    if _size(path) == 0:  # most often a failed download or copy: say so rather than read nothing
+        yield Quarantined(path, "file", "empty file (0 bytes)")
+    elif kind == "warc":
         yield from read_warc(path, stats)
     elif kind == "jsonl":
         yield from read_jsonl(path)
@@ -125,23 +135,63 @@ def _str_or_none(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+def _zstd_lines(fh, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Lines of a zstd stream (one or more frames). zstandard's stream reader ends a truncated
+    file silently, so we decompress frame by frame and raise EOFError on an unfinished frame."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj = dctx.decompressobj()
+    pending = b""
+    started = False
+    while block := fh.read(chunk):
+        while block:
+            started = True
+            try:
+                out = dobj.decompress(block)
+            except zstandard.ZstdError as e:  # not zstd, or corrupt: the reader's "unreadable file" path
+                raise ValueError(f"corrupt zstd data: {e}") from None
+            block = b""
+            if dobj.eof:  # a frame ended: what follows is the next frame
+                block, dobj, started = dobj.unused_data, dctx.decompressobj(), False
+            if out:
+                pending += out
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line + b"\n"
+    if started:
+        raise EOFError("zstd stream ended inside a frame (file truncated)")
+    if pending:
+        yield pending
+
+
+def _open_lines(path: str):
+    """(file handle, line iterator) for a plain, gzip or zstd JSONL file."""
+    if path.lower().endswith(".zst"):
+        fh = fsspec.open(path, "rb").open()
+        return fh, _zstd_lines(fh)
+    fh = fsspec.open(path, "rb", compression="infer").open()
+    return fh, iter(fh)
+
+
 def read_jsonl(path: str) -> Iterator[RawRecord | Quarantined]:
     lineno = 0
     try:
-        with fsspec.open(path, "rb", compression="infer") as fh:
-            for lineno, raw in enumerate(fh, 1):
+        fh, lines = _open_lines(path)
+        with fh:
+            for lineno, raw in enumerate(lines, 1):
                 if not raw.strip():
                     continue  # blank lines are not records
                 where = f"line {lineno}"
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield Quarantined(path, where, f"invalid UTF-8 at byte {e.start} of the line", escape_snippet(raw))
+                    yield Quarantined(path, where, f"invalid UTF-8: bad byte at position {e.start} of the line", escape_snippet(raw))
                     continue
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    yield Quarantined(path, where, f"malformed JSON: {e.msg} at column {e.colno}", escape_snippet(raw))
+                    yield Quarantined(path, where, f"malformed JSON: {e.msg} (column {e.colno})", escape_snippet(raw))
                     continue
                 if not isinstance(obj, dict):
                     yield Quarantined(path, where, f"JSON line is a {type(obj).__name__}, expected an object",
@@ -213,6 +263,24 @@ def _mime(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
+def _record_damage(record) -> str | None:
+    """Why a fully read record is not whole (cut short, digest mismatch), or None.
+
+    warcio yields a record clipped by a truncated file silently: what is left of its declared
+    length tells us. Its digest checker catches records whose bytes were altered or cut inside.
+    """
+    left = getattr(record.raw_stream, "limit", 0) or 0
+    if left > 0:
+        return f"record truncated: {record.length - left} of {record.length} bytes present"
+    # Only the block digest (over the whole record) counts: producers disagree on what the payload
+    # digest covers (ClueWeb09 stores the block digest there), so a payload mismatch alone is no damage.
+    checker = getattr(record, "digest_checker", None)
+    problems = [p for p in (checker.problems if checker is not None else []) if p.startswith("block digest")]
+    if problems:
+        return "block digest mismatch (record corrupt or cut short): " + "; ".join(problems)[:200]
+    return None
+
+
 def read_warc(path: str, stats: ReadStats, max_payload_bytes: int = 50 << 20) -> Iterator[RawRecord | Quarantined]:
     from warcio.archiveiterator import ArchiveIterator
     from warcio.exceptions import ArchiveLoadFailed
@@ -221,7 +289,9 @@ def read_warc(path: str, stats: ReadStats, max_payload_bytes: int = 50 << 20) ->
     n = 0
     try:
         with fsspec.open(path, "rb") as fh:
-            it = ArchiveIterator(fh, arc2warc=True)
+            # check_digests: a record whose bytes do not match its WARC block digest is corrupt or
+            # cut short; we quarantine it rather than curate half a page
+            it = ArchiveIterator(fh, arc2warc=True, check_digests=True)
             for record in it:
                 n += 1
                 rtype = record.rec_type
@@ -232,8 +302,16 @@ def read_warc(path: str, stats: ReadStats, max_payload_bytes: int = 50 << 20) ->
                 url = url.strip("<>") if url else None
                 date = record.rec_headers.get_header("WARC-Date")
                 if rtype == "response":
-                    if record.http_headers is None:  # a response that is not HTTP (dns:, ftp:)
-                        stats.skip("response-non-http")
+                    if record.http_headers is None:
+                        if not url or url.lower().startswith(("http:", "https:")):
+                            # an HTTP capture whose status line and headers could not be parsed, or a
+                            # response naming no target at all (malformed: e.g. garbage headers)
+                            offset = it.get_record_offset()
+                            why = ("HTTP response without a parseable status line and headers" if url else
+                                   "malformed response record: no WARC-Target-URI and no parseable HTTP headers")
+                            yield Quarantined(path, f"offset {offset}", why, "", _warc_id(record, path, offset))
+                        else:  # a response that is not HTTP (dns:, ftp:)
+                            stats.skip("response-non-http")
                         continue
                     ctype = record.http_headers.get_header("Content-Type")
                 else:
@@ -247,8 +325,11 @@ def read_warc(path: str, stats: ReadStats, max_payload_bytes: int = 50 << 20) ->
                 offset = it.get_record_offset()
                 where = f"offset {offset}"
                 rid = _warc_id(record, path, offset)
+                if error is None and len(payload) <= max_payload_bytes:
+                    error = _record_damage(record)
                 if error is not None:
-                    yield Quarantined(path, where, f"unreadable WARC payload: {type(error).__name__}: {error}", "", rid)
+                    msg = error if isinstance(error, str) else f"unreadable WARC payload: {type(error).__name__}: {error}"
+                    yield Quarantined(path, where, msg, escape_snippet(payload), rid)
                     continue
                 base = dict(id=rid, source=path, offset=where, url=url, date=date, content_type=ctype,
                             metadata={"warc_type": rtype})

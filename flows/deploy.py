@@ -1,0 +1,163 @@
+"""`quipu deploy`: register the deployments of deploy/prefect.yaml with the Prefect server.
+
+deploy/prefect.yaml is the one place deployments, schedules and triggers are defined. It cannot
+read other files, so `quipu deploy` resolves it first:
+
+- each deployment's `config` parameter (and the `config` of its triggers' parameters) starts from
+  the config file named for it under the top-level `quipu.configs` key, with the YAML's own values
+  on top (deep merge), and is validated with the flow's config model before anything is sent;
+- `{{ $QUIPU_ROOT }}` (the working directory of flow runs) becomes the repository root;
+- deployments whose entrypoint file does not exist yet are skipped with a message.
+
+The resolved file is written to `$QUIPU_HOME/deploy/prefect.yaml` and handed to
+`prefect --no-prompt deploy --prefect-file … --name …`, after the work pools it names exist.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from catalog import db
+from catalog.files import write_bytes_atomic
+from flows.config import ConfigError, load_config, read_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_FILE = ROOT / "deploy" / "prefect.yaml"
+ROOT_PLACEHOLDER = "{{ $QUIPU_ROOT }}"
+
+# Config model of each flow entrypoint, to validate the `config` parameter before deploying.
+CONFIG_MODELS = {
+    "flows/curate.py:curate": "flows.curate:CurateConfig",
+    "flows/watch.py:watch": "flows.watch:WatchConfig",
+}
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _has_template(value) -> bool:
+    if isinstance(value, str):
+        return "{{" in value
+    if isinstance(value, dict):
+        return any(_has_template(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_template(v) for v in value)
+    return False
+
+
+def _validate(entrypoint: str, config: dict, where: str) -> None:
+    target = CONFIG_MODELS.get(entrypoint)
+    if not target:
+        return
+    module, name = target.split(":")
+    model = getattr(importlib.import_module(module), name)
+    # Trigger templates are filled in by the server: validate the rest.
+    concrete = {k: v for k, v in config.items() if not _has_template(v)}
+    load_config(model, None, data=concrete).model_dump()  # raises ConfigError naming the key
+
+
+def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check: bool = True) -> tuple[dict, list[str], list[str]]:
+    """The prefect.yaml Prefect can use: (resolved spec, deployments kept, messages about skipped ones)."""
+    spec = copy.deepcopy(spec)
+    configs = (spec.pop("quipu", None) or {}).get("configs", {}) or {}
+    kept, skipped, deployments = [], [], []
+    for dep in spec.get("deployments", []) or []:
+        name = dep.get("name")
+        if names and name not in names:
+            continue
+        entry = dep.get("entrypoint", "")
+        if not (root / entry.split(":")[0]).is_file():
+            skipped.append(f"{name}: entrypoint {entry} not found (flow not written yet?), skipped")
+            continue
+        base = read_yaml(root / configs[name]) if name in configs and (root / configs[name]).is_file() else {}
+        params = dep.setdefault("parameters", {}) or {}
+        dep["parameters"] = params
+        if "config" in params or base:
+            params["config"] = deep_merge(base, params.get("config") or {})
+            if check:
+                _validate(entry, params["config"], f"deployment {name}")
+        for trig in dep.get("triggers", []) or []:
+            tparams = trig.get("parameters")
+            if tparams and "config" in tparams:
+                tparams["config"] = deep_merge(params.get("config", {}), tparams["config"])
+                if check:
+                    _validate(entry, tparams["config"], f"deployment {name} trigger")
+        deployments.append(dep)
+        kept.append(name)
+    if names:
+        missing = set(names) - {d.get("name") for d in spec.get("deployments", [])}
+        if missing:
+            raise ConfigError(f"no deployment named {', '.join(sorted(missing))} in the prefect.yaml")
+    spec["deployments"] = deployments
+    text = yaml.safe_dump(spec, sort_keys=False).replace(ROOT_PLACEHOLDER, str(root))
+    return yaml.safe_load(text), kept, skipped
+
+
+def ensure_work_pools(spec: dict) -> list[str]:
+    """Create the (process) work pools the deployments name, if missing. Returns those created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    created = []
+    pools = {(d.get("work_pool") or {}).get("name"): (d.get("work_pool") or {}).get("type", "process")
+             for d in spec.get("deployments", [])}
+    with get_client(sync_client=True) as client:
+        for name, kind in pools.items():
+            if not name:
+                continue
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=name, type=kind or "process"))
+                created.append(name)
+    return created
+
+
+def api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+    return PREFECT_API_URL.value() or None
+
+
+def deploy(prefect_file: Path = DEFAULT_FILE, names: list[str] | None = None, dry_run: bool = False) -> int:
+    from flows.cli import UserError
+
+    if not prefect_file.is_file():
+        raise UserError(f"deployment file not found: {prefect_file}")
+    spec = read_yaml(prefect_file)
+    resolved, kept, skipped = resolve(spec, ROOT, names)
+    for msg in skipped:
+        print(f"skipped {msg}")
+    out = db.quipu_home() / "deploy" / "prefect.yaml"
+    write_bytes_atomic(out, yaml.safe_dump(resolved, sort_keys=False).encode())
+    print(f"resolved deployment file: {out}")
+    if dry_run or not kept:
+        print("deployments: " + (", ".join(kept) or "none"))
+        return 0
+    if not api_url():
+        raise UserError("PREFECT_API_URL is not set: start a server (`make server`) and export the URL it prints, "
+                        "e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    try:
+        created = ensure_work_pools(resolved)
+    except Exception as e:  # connection refused, 401, ...
+        raise UserError(f"cannot reach the Prefect server at {api_url()}: {e}") from None
+    for pool in created:
+        print(f"created work pool {pool!r} (start a worker: make worker)")
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(out)]
+    for name in kept:
+        cmd += ["--name", name]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PREFECT_CLI_WRAP_LINES": "false"})
+    if proc.returncode != 0:
+        raise UserError(f"prefect deploy failed (exit {proc.returncode}); see its output above")
+    print(f"deployed: {', '.join(kept)}")
+    return 0

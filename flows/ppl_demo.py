@@ -1,0 +1,57 @@
+"""The demo's `ppl-distill` step: a student (and KenLM models) from the demo's own data, so that
+the curate step's `perplexity` stage runs for real.
+
+1. Input: the documents the first pass's heuristics kept (`<run>/heuristics/kept`, written by the
+   quality-train step); without that pass, the demo's JSONL inputs.
+2. `ppl-distill` with configs/ppl/demo.yaml: SmolLM2-135M labels a few hundred documents (first 128
+   tokens, cached in the catalog, so a rerun costs nothing), a tiny student trains for ~40 s.
+3. `kenlm-train` with configs/kenlm/demo.yaml when `make kenlm` has built lmplz; otherwise a one-line
+   notice and the stage runs without `ppl_kenlm`.
+4. The curate step runs with the perplexity stage on (buckets, nothing removed) and writes the
+   curated shards in curriculum order (ascending `ppl_wayra` within each source).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PPL_DEMO_CONFIG = REPO / "configs" / "ppl" / "demo.yaml"
+KENLM_DEMO_CONFIG = REPO / "configs" / "kenlm" / "demo.yaml"
+
+
+def ppl_distill_step(ctx) -> None:
+    from flows.config import load_config
+    from flows.ppl import KenLMTrainConfig, PplConfig, kenlm_train, ppl_distill
+    from tasks.kenlm_lm import KENLM_BIN_DIR, kenlm_available
+
+    run = Path(ctx.run_dir).resolve()
+    kept = run / "heuristics" / "kept"
+    if kept.is_dir() and any(kept.glob("*.parquet")):
+        inputs = [str(kept)]
+    else:
+        inputs = [str(p) for p in ctx.inputs if ".jsonl" in p.name]
+        print(f"no first pass in {kept}: distilling on the demo's JSONL inputs")
+    if not inputs:
+        from flows.cli import UserError
+        raise UserError("ppl-distill: no text documents to distil on (run the build-corpus step first)")
+    student_dir = run.parent / f"{run.name}-ppl-student"
+    config = load_config(PplConfig, str(PPL_DEMO_CONFIG), [f"output={student_dir}"])
+    config = PplConfig.model_validate({**config.model_dump(), "input": inputs})
+    summary = ppl_distill(config)
+    print(f"student {summary['output']}: {summary['train_docs']} training / {summary['val_docs']} validation documents "
+          f"(teacher labels: {summary['labels']['computed']} computed, {summary['labels']['cached']} cached), "
+          f"validation Spearman {summary['val_spearman']} with the teacher's log-perplexity")
+    ctx.overrides += ["perplexity.enabled=true", f"perplexity.student={summary['output']}",
+                      "perplexity.buckets=true", "curated.sort_by=ppl_wayra"]
+    ctx.where.append(("ppl student", f"{summary['output']}  (metrics.json; quipu catalog ls models)"))
+
+    if not kenlm_available():
+        print(f"kenlm: skipped, lmplz/build_binary not built in {KENLM_BIN_DIR} (run `make kenlm`); no ppl_kenlm column")
+        return
+    kdir = run.parent / f"{run.name}-kenlm"
+    kcfg = load_config(KenLMTrainConfig, str(KENLM_DEMO_CONFIG), [f"output={kdir}"])
+    kcfg = KenLMTrainConfig.model_validate({**kcfg.model_dump(), "input": inputs})
+    ksum = kenlm_train(kcfg)
+    print("kenlm: " + ", ".join(f"{lang} {f['tokens']} tokens" for lang, f in ksum["languages"].items()))
+    ctx.overrides.append(f"perplexity.kenlm={ksum['output']}")
+    ctx.where.append(("kenlm models", f"{ksum['output']}/<lang>.binary"))

@@ -1,0 +1,112 @@
+"""The `tokenize-train` flow: curated datasets in the catalog → tokenizer → token shards → trained
+model (+ a HF export), with progress and summary artifacts and the run registered in the catalog.
+
+Every step is resumable: the tokenizer and each token shard are skipped when their fingerprint
+matches, and `resume=True` continues training from the newest checkpoint. The blend (sources,
+weights, phase boundaries) is validated by `preflight` before any of it runs.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+
+from catalog import registry
+from catalog.files import remove_stale_temporaries
+from trainer.data import format_blend_report, resolve_phase_starts
+from trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
+from trainer.train import TrainConfig, train
+
+
+def preflight(config: TrainConfig) -> dict[str, list[str]]:
+    """Everything that can be checked before work starts: sources exist, phases fit in the run."""
+    sources = resolve_sources(config.data)
+    max_steps = config.train.max_steps
+    resolve_phase_starts(config.data, max_steps, lambda s: config.schedule.fraction(s, max_steps))
+    return sources
+
+
+@task(name="tokenizer", persist_result=False)
+def tokenizer_task(config: TrainConfig, sources: dict[str, list[str]], run_dir: str):
+    tok, fert = build_tokenizer(config.tokenizer, sources, Path(run_dir))
+    return str(tok.path.parent), fert
+
+
+@task(name="tokenize", persist_result=False)
+def tokenize_task(name: str, paths: list[str], tokenizer_dir: str, run_dir: str, config: TrainConfig, run_id: str):
+    from trainer.tokenizer import TextTokenizer
+    return tokenize_source(name, paths, TextTokenizer.load(tokenizer_dir), Path(run_dir), config.data, run_id)
+
+
+class ProgressReporter:
+    """Training progress as an in-place Prefect progress artifact (rate-limited)."""
+
+    def __init__(self, max_steps: int, key: str):
+        from prefect.artifacts import create_progress_artifact
+        self.max_steps = max_steps
+        self.last = 0.0
+        try:
+            self.id = create_progress_artifact(progress=0.0, key=key, description="training steps done (%)")
+        except Exception:   # artifacts are a view; training goes on without them
+            self.id = None
+
+    def __call__(self, m: dict) -> None:
+        now = time.monotonic()
+        if self.id is None or (now - self.last < 2 and m["step"] < self.max_steps):
+            return
+        self.last = now
+        from prefect.artifacts import update_progress_artifact
+        try:
+            update_progress_artifact(self.id, progress=100.0 * m["step"] / self.max_steps)
+        except Exception:
+            pass
+
+
+@flow(name="tokenize-train", log_prints=True, persist_result=False)
+def tokenize_train(config: TrainConfig, resume: bool = False) -> dict:
+    log = get_run_logger()
+    run_dir = Path(config.output).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir)
+    sources = preflight(config)
+    run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))
+    try:
+        tok_dir, fert = tokenizer_task(config, sources, str(run_dir))
+        log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
+                 {k: v["tokens_per_word"] for k, v in fert.items()})
+        futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
+        markers = {n: f.result() for n, f in futures.items()}
+        from trainer.tokenizer import TextTokenizer
+        prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
+        for n, s in prepared["summary"].items():
+            log.info("source %s: %d documents, %d tokens", n, s["docs"], s["tokens"])
+        summary = train(config, run_dir, resume=resume, on_log=ProgressReporter(config.train.max_steps, "train-progress"))
+        blend = (run_dir / "blend.json")
+        if blend.exists():
+            import json
+            log.info("blend:\n%s", format_blend_report(json.loads(blend.read_text())))
+        if config.export_hf:
+            from trainer.export import export_hf
+            summary["hf"] = str(export_hf(run_dir, run_dir / "hf"))
+        summary["tokens"] = prepared["summary"]
+        summary["fertility"] = fert
+        registry.register_model(run_dir.name, "llm", summary.get("hf") or str(run_dir), config.model_dump(mode="json"),
+                                {"eval_loss": summary["eval_loss"], "final_loss": summary["final_loss"],
+                                 "step": summary["step"], "stopped_early": summary["stopped_early"]}, run_id=run_id)
+        _publish(summary)
+    except BaseException:
+        registry.finish_run(run_id, "failed")
+        raise
+    registry.finish_run(run_id, "completed", summary)
+    return summary
+
+
+def _publish(summary: dict) -> None:
+    try:
+        from prefect.artifacts import create_table_artifact
+        rows = [{"metric": k, "value": str(summary.get(k))} for k in
+                ("step", "final_loss", "eval_loss", "eval_ppl", "params", "loss_curve", "checkpoint", "sample")]
+        create_table_artifact(rows, key="train-summary", description="tokenize-train: the trained model")
+    except Exception:
+        pass

@@ -1,0 +1,95 @@
+"""`quipu train`, `quipu plan`, `quipu export` (flows/train.py, trainer/). Prefect and torch are
+imported only when a command runs."""
+from __future__ import annotations
+
+import argparse
+
+from flows.cli import EXTRA_COMMANDS, UserError, add_config_args
+
+
+def load_train_config(args):
+    from flows.config import load_config
+    from trainer.train import TrainConfig
+    overrides = list(args.overrides)
+    if args.output:
+        overrides.append(f"output={args.output}")
+    if args.max_steps:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    return load_config(TrainConfig, args.config, overrides)
+
+
+def cmd_train(args) -> int:
+    from trainer.data import BlendError
+    from trainer.train import TrainingDiverged
+    config = load_train_config(args)
+    from flows.train import preflight
+    try:
+        preflight(config)   # sources, weights, phase boundaries: fail before any work
+        from flows.train import tokenize_train
+        summary = tokenize_train(config, resume=args.resume)
+    except (BlendError, FileNotFoundError, TrainingDiverged) as e:
+        raise UserError(str(e)) from None
+    print()
+    print(f"trained {summary['params']:,} parameters for {summary['step']} steps: "
+          f"loss {summary['final_loss']:.4f}, held-out loss {summary['eval_loss'] or float('nan'):.4f}")
+    print(f"metrics:    {summary['metrics']}")
+    print(f"loss curve: {summary.get('loss_curve')}")
+    print(f"checkpoint: {summary['checkpoint']}")
+    if summary.get("hf"):
+        print(f"HF model:   {summary['hf']}")
+    if summary.get("sample"):
+        print(f"sample:     {summary['sample']!r}")
+    if summary["stopped_early"]:
+        print(f"stopped at step {summary['step']} of {summary['max_steps']} (train.stop_at_step / train.max_minutes); "
+              "continue with --resume")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from trainer.plan import format_plan, plan
+    try:
+        p = plan(args.params, args.tokens, args.gpus, args.peak_flops, args.mfu)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(format_plan(p))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from trainer.export import export_hf
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"{args.run_dir}: not a run directory")
+    try:
+        out = export_hf(args.run_dir, args.hf, args.checkpoint)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="tokenize curated datasets and train a Llama-style model (flow tokenize-train)")
+    add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    p.add_argument("--output", help="run directory (replaces the config's output)")
+    p.add_argument("--max-steps", type=int, help="replaces train.max_steps")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("plan", help="6ND training FLOPs and days; Chinchilla-optimal N and D for that compute")
+    p.add_argument("--params", type=float, required=True, help="parameters N, e.g. 70e9")
+    p.add_argument("--tokens", type=float, required=True, help="training tokens D, e.g. 2e12")
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--peak-flops", type=float, default=989e12, help="peak FLOP/s per GPU (default H100 dense bf16)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation, 0-1")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("export", help="write a trained run as a HF transformers folder")
+    p.add_argument("run_dir", help="training run directory")
+    p.add_argument("--hf", required=True, help="output folder")
+    p.add_argument("--checkpoint", help="a checkpoint file (default: the newest)")
+    p.set_defaults(func=cmd_export)
+
+
+EXTRA_COMMANDS.append(add_commands)

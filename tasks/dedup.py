@@ -1,0 +1,879 @@
+"""Stage `dedup`: exact and near-duplicate removal with MinHash-LSH (datasketch), incremental
+across runs.
+
+A global stage, in four steps (each a Prefect task; `run_dedup_stage` is the curate flow's runner):
+1. signatures, per shard in parallel: words (whitespace tokens, lower-cased, punctuation stripped
+   from their ends) → word n-gram shingles → 32-bit shingle hashes → MinHash signatures,
+   vectorised with numpy over all shingles of a batch of documents (datasketch's "affine32" permutations, bit-identical to
+   `datasketch.MinHash(hashfunc=...).update_batch` on the same hashes), plus an exact hash of the
+   normalised text (its words joined by single spaces, as datatrove's exact dedup simplifies text).
+   Written as signature files per shard.
+2. plan, one sequential task in a deterministic order: exact match against kept documents, else
+   datasketch `MinHashLSH` candidates (from the persistent index of earlier runs and from this run),
+   each verified by its Jaccard similarity (exact on shingle sets, or estimated from signatures),
+   so the LSH can be tuned for recall (a lower band threshold) without losing precision.
+   Policy `first_seen` processes documents in shard/row order; `quality` in descending
+   `quality_score`, so the best document of a cluster is the one kept.
+3. split, per shard: kept and removed shards (`reason` exact_dup / near_dup, `dup_of` = the kept
+   twin's id, `cluster_id` = the kept twin's index key, `dup_jaccard`).
+4. commit: this run's kept documents join the index in one atomic step, after all outputs exist.
+Every step leaves a done-marker; a rerun skips finished work and ends with the same bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import sys
+import time
+import unicodedata
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+from prefect import task
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
+from tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart,
+                               key_order, lean)
+from tasks.stage import (QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, load_done,
+                         snippet, stage_dirs, text_sizes)
+
+STAGE = "dedup"
+PRESETS = {"fineweb": {"num_perm": 112, "bands": 14, "rows": 8}}
+SHINGLE_HASH = "ws-trim-punct/bytes-lin64-words/poly64-fmix64-hi32/v1"   # stored in the index: changing it breaks old indexes
+CRASH_ENV = "QUIPU_DEDUP_CRASH_AT"      # fault injection for the kill tests: a step name
+
+
+# ---- config -----------------------------------------------------------------------------------
+
+class RedisConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = "127.0.0.1"
+    port: int = Field(6379, ge=1, le=65535)
+    db: int = Field(0, ge=0)
+    password_env: str | None = Field(None, description="name of the environment variable holding the password")
+    prefix: str = Field("quipu-dedup", pattern=r"^[A-Za-z0-9._:-]+$", description="prefix of every Redis key")
+
+
+class DedupConfig(StageConfig):
+    preset: Literal["default", "fineweb"] = Field("default", description="`fineweb`: 112 permutations, 14 bands x 8 rows")
+    exact: bool = Field(True, description="remove exact duplicates of the normalised text")
+    near: bool = Field(True, description="remove near duplicates (MinHash-LSH)")
+    ngram: int = Field(5, ge=1, le=32, description="words per shingle")
+    num_perm: int = Field(128, ge=8, le=1024, description="MinHash permutations")
+    threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity of a near duplicate (verified)")
+    lsh_threshold: float = Field(0.6, gt=0, le=1, description="threshold the LSH bands are tuned for when bands/rows are not given (lower = more recall, more verification)")
+    bands: int | None = Field(None, ge=2, description="LSH bands (derived when not given)")
+    rows: int | None = Field(None, ge=1, description="rows per band (derived when not given)")
+    verify: Literal["exact", "signature"] = Field("exact", description="candidate check: exact Jaccard of shingle sets, or estimated from signatures")
+    policy: Literal["first_seen", "quality"] = Field("first_seen", description="which document of a cluster is kept")
+    quality_column: str = Field("quality_score", description="column the `quality` policy ranks by (higher is better)")
+    seed: int = Field(1, ge=0, description="MinHash permutation seed")
+    index: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="name of the persistent index (default: the dataset name)")
+    backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
+    index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
+    redis: RedisConfig = RedisConfig()
+    batch_rows: int = Field(2000, gt=0)
+    # The index name when `index` is not set: the curate config's `dataset` (set by CurateConfig;
+    # private, so the config as written is what gets stored and fingerprinted).
+    _default_index: str | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data):
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            data = {**PRESETS[data["preset"]], **data}
+        return data
+
+    @field_validator("lsh_threshold")
+    @classmethod
+    def _lsh_threshold(cls, v: float, info):
+        t = info.data.get("threshold")
+        if t is not None and v > t:
+            raise ValueError(f"must not exceed dedup.threshold ({t}): the LSH would miss pairs the threshold accepts")
+        return v
+
+    @model_validator(mode="after")
+    def _bands(self):
+        b, r = self.lsh_params()
+        if b * r > self.num_perm:
+            raise ValueError(f"dedup.bands x dedup.rows = {b} x {r} = {b * r} exceeds dedup.num_perm = {self.num_perm}")
+        if b < 2:
+            raise ValueError(f"dedup.bands must be at least 2 (got {b} from num_perm={self.num_perm}, rows={r})")
+        return self
+
+    def lsh_params(self) -> tuple[int, int]:
+        """(bands, rows): as given, one derived from the other, or datasketch's optimum for `lsh_threshold`."""
+        if self.bands and self.rows:
+            return self.bands, self.rows
+        if self.bands:
+            return self.bands, max(1, self.num_perm // self.bands)
+        if self.rows:
+            return max(1, self.num_perm // self.rows), self.rows
+        return _optimal_bands(self.lsh_threshold, self.num_perm)
+
+    def index_params(self) -> dict:
+        """What must match between a stored index and this config."""
+        b, r = self.lsh_params()
+        return {"ngram": self.ngram, "num_perm": self.num_perm, "bands": b, "rows": r, "seed": self.seed,
+                "verify": self.verify, "scheme": SCHEME, "shingle_hash": SHINGLE_HASH}
+
+
+def _optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    from datasketch.lsh import _optimal_param
+    return _cached_optimal(round(threshold, 6), num_perm, _optimal_param)
+
+
+_OPT_CACHE: dict = {}
+
+
+def _cached_optimal(t, n, fn):
+    if (t, n) not in _OPT_CACHE:
+        _OPT_CACHE[(t, n)] = fn(t, n, 0.5, 0.5)
+    return _OPT_CACHE[(t, n)]
+
+
+# ---- text → shingles → signatures -------------------------------------------------------------
+
+_U64 = np.uint64
+_FMIX64 = (_U64(33), _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53))
+_FMIX32 = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35))
+# Odd 64-bit multipliers that make a shingle's hash depend on word order (fixed: part of SHINGLE_HASH).
+_POSITION_MULT = np.random.RandomState(20261122).randint(0, 2**62, size=32, dtype=np.uint64) * _U64(2) + _U64(1)
+
+
+# Odd 64-bit multipliers per byte position in a word (fixed: part of SHINGLE_HASH).
+_BYTE_MULT = np.random.RandomState(20261123).randint(0, 2**62, size=1 << 16, dtype=np.uint64) * _U64(2) + _U64(1)
+_LEN_MULT = _U64(0x9E3779B97F4A7C15)
+
+
+def hash_strings(arr: pa.Array) -> np.ndarray:
+    """64-bit hashes of non-empty strings, vectorised over the Arrow buffers: a linear hash of the
+    UTF-8 bytes with random odd multipliers per position, mixed with the length, then fmix64."""
+    if len(arr) == 0:
+        return np.zeros(0, np.uint64)
+    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    offs = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
+    lo, hi = int(offs[0]), int(offs[-1])
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[lo:hi].astype(np.uint64) + _U64(1)
+    lens = np.diff(offs)
+    pos = np.arange(hi - lo, dtype=np.int64) - np.repeat(offs[:-1] - lo, lens)
+    h = np.add.reduceat(data * _BYTE_MULT[pos & 0xFFFF], offs[:-1] - lo)
+    return _fmix64(h ^ (lens.astype(np.uint64) * _LEN_MULT))
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    s, m1, m2 = _FMIX64
+    h = h ^ (h >> s)
+    h = h * m1
+    h = h ^ (h >> s)
+    h = h * m2
+    return h ^ (h >> s)
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer: datasketch's affine32 pre-mix of every input hash."""
+    s1, m1, s2, m2 = _FMIX32
+    h = h ^ (h >> s1)
+    h = h * m1
+    h = h ^ (h >> s2)
+    h = h * m2
+    return h ^ (h >> s1)
+
+
+@lru_cache(maxsize=1)
+def _punctuation() -> str:
+    """Every Unicode punctuation and symbol character: stripped from both ends of a word."""
+    return "".join(chr(i) for i in range(sys.maxunicode + 1) if unicodedata.category(chr(i))[0] in "PS")
+
+
+def tokenize(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(words of all texts, words per text). A word: a whitespace-separated token, lower-cased,
+    with leading and trailing punctuation/symbols stripped; tokens left empty are dropped."""
+    parts = pc.utf8_split_whitespace(pc.utf8_lower(texts))
+    flat = pc.utf8_trim(pc.list_flatten(parts), characters=_punctuation())
+    keep = pc.greater(pc.utf8_length(flat), 0)
+    parent = pc.list_parent_indices(parts).to_numpy(zero_copy_only=False)
+    lengths = np.bincount(parent[keep.to_numpy(zero_copy_only=False)], minlength=len(texts)).astype(np.int64)
+    return flat.filter(keep), lengths
+
+
+def words(text: str) -> list[str]:
+    """The words of one text, exactly as the shingler sees them."""
+    return tokenize(pa.array([text], pa.string()))[0].to_pylist()
+
+
+def exact_digests(flat: pa.Array, lengths: np.ndarray) -> list[bytes]:
+    """128-bit hash of each text's normalised form: its words joined by one space (so case,
+    punctuation at word ends and whitespace do not make two texts differ)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), flat), " ")
+    return [xxhash.xxh3_128_digest(t) for t in joined.to_pylist()]
+
+
+class MinHasher:
+    """Vectorised MinHash over word n-gram shingles, producing datasketch-compatible signatures."""
+
+    def __init__(self, ngram: int, num_perm: int, seed: int, chunk: int = 4096):
+        from datasketch import MinHash
+        if ngram > len(_POSITION_MULT):
+            raise ValueError(f"ngram must be at most {len(_POSITION_MULT)}")
+        self.ngram, self.num_perm, self.seed, self.chunk = ngram, num_perm, seed, chunk
+        perm = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
+        self.a = np.ascontiguousarray(perm[0], dtype=np.uint32)[:, None]
+        self.b = np.ascontiguousarray(perm[1], dtype=np.uint32)[:, None]
+        self._buf = np.empty((num_perm, chunk), dtype=np.uint32)
+
+    def shingle_hashes(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(hashes, offsets): 32-bit hashes of each document's word n-grams (a document with fewer
+        words than n has one shingle of all its words, an empty one none); document i owns
+        hashes[offsets[i]:offsets[i+1]]. Words are hashed once per batch vocabulary (numpy over
+        the Arrow buffers), n-grams combine word hashes with position multipliers in numpy."""
+        return self.hashes_of_words(*tokenize(texts))
+
+    def hashes_of_words(self, flat: pa.Array, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = self.ngram
+        counts = np.where(lengths >= n, lengths - n + 1, (lengths > 0).astype(np.int64))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        if len(flat) == 0:
+            return np.zeros(0, np.uint32), offsets
+        enc = pc.dictionary_encode(flat)      # each distinct word of the batch is hashed once
+        w = hash_strings(enc.dictionary)[enc.indices.to_numpy(zero_copy_only=False)]
+        n_words = len(w)
+        out = np.empty(int(offsets[-1]), dtype=np.uint64)
+        long_docs = lengths >= n
+        if n_words >= n and long_docs.any():
+            span = n_words - n + 1
+            acc = w[:span] * _POSITION_MULT[0]
+            for k in range(1, n):
+                acc += w[k:k + span] * _POSITION_MULT[k]
+            starts = np.zeros(len(lengths), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            word_end = np.repeat(starts + lengths, lengths)[:span]
+            valid = np.arange(n, span + n, dtype=np.int64) <= word_end
+            out[np.repeat(long_docs, counts)] = acc[valid]
+        short = np.nonzero((lengths > 0) & ~long_docs)[0]
+        if len(short):
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[short]
+            lens = lengths[short]
+            pos_in_doc = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+            contrib = w[np.repeat(starts, lens) + pos_in_doc] * _POSITION_MULT[pos_in_doc]
+            out[offsets[short]] = np.add.reduceat(contrib, np.cumsum(lens) - lens)
+        return (_fmix64(out) >> _U64(32)).astype(np.uint32), offsets
+
+    def signatures(self, hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """(documents, num_perm) uint32: per permutation, min over a document's shingles of
+        a * fmix32(h) + b mod 2^32 (datasketch affine32). Documents without shingles keep the
+        empty value 2^32-1. Shingles are processed in cache-sized chunks of whole documents."""
+        docs = len(offsets) - 1
+        sig = np.full((docs, self.num_perm), np.uint32(0xFFFFFFFF), dtype=np.uint32)
+        hv = _fmix32(hashes.astype(np.uint32, copy=False))
+        nz = np.nonzero(np.diff(offsets))[0]
+        ends = offsets[nz + 1]
+        j = 0
+        while j < len(nz):
+            s0 = offsets[nz[j]]
+            jj = int(np.searchsorted(ends, s0 + self.chunk, side="right"))
+            if jj <= j:   # one document longer than a chunk: reduce it piece by piece
+                d = nz[j]
+                acc = sig[d]
+                for c0 in range(int(s0), int(offsets[d + 1]), self.chunk):
+                    c1 = min(c0 + self.chunk, int(offsets[d + 1]))
+                    acc = np.minimum(acc, self._permuted(hv[c0:c1]).min(axis=1))
+                sig[d] = acc
+                j += 1
+                continue
+            block = self._permuted(hv[s0:ends[jj - 1]])
+            sig[nz[j:jj]] = np.minimum.reduceat(block, offsets[nz[j:jj]] - s0, axis=1).T
+            j = jj
+        return sig
+
+    def _permuted(self, hv: np.ndarray) -> np.ndarray:
+        v = self._buf[:, :len(hv)]
+        np.multiply(self.a, hv[None, :], out=v)
+        np.add(v, self.b, out=v)
+        return v
+
+
+# ---- step 1: signatures -----------------------------------------------------------------------
+
+def code_version() -> str:
+    src = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules["tasks.dedup_index"])
+    return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+
+
+def _dirs(run_dir: str | Path) -> dict[str, Path]:
+    base = Path(run_dir) / STAGE
+    return {"sig": base / "_sig", "plan": base / "_plan"}
+
+
+def _crash(point: str) -> None:
+    """Fault injection for the kill tests: die like SIGKILL (no cleanup) at a named step."""
+    if os.environ.get(CRASH_ENV) == point:
+        os._exit(137)
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, arr)
+
+
+def _files_intact(files: dict[str, dict]) -> bool:
+    return all(Path(f["path"]).exists() and sha256_file(f["path"]) == f["sha256"] for f in files.values())
+
+
+def compute_signatures(shard: Shard, run_dir: str, cfg: DedupConfig) -> dict:
+    """Signature files of one shard: meta.parquet (id, exact digest, shingle count, quality),
+    sig.npy (docs x num_perm), shingles.npy + offsets in meta (with exact verification)."""
+    d = _dirs(run_dir)["sig"]
+    marker = d / f"{shard.name}.json"
+    fp = sha256_json({"input": shard.sha256, "code": code_version(), "quality": cfg.quality_column,
+                      "params": {k: v for k, v in cfg.index_params().items() if k not in ("bands", "rows")}})
+    if marker.exists():
+        done = read_json(marker)
+        if done.get("fingerprint") == fp and _files_intact(done["files"]):
+            return done
+    t0 = time.perf_counter()
+    hasher = MinHasher(cfg.ngram, cfg.num_perm, cfg.seed)
+    pf = pq.ParquetFile(shard.path)
+    has_quality = cfg.quality_column in pf.schema_arrow.names
+    cols = ["id", "text"] + ([cfg.quality_column] if has_quality else [])
+    ids, digests, counts, quality, sigs, shingles = [], [], [], [], [], []
+    for rb in pf.iter_batches(batch_size=cfg.batch_rows, columns=cols):
+        flat, lengths = tokenize(rb.column("text"))
+        hashes, offsets = hasher.hashes_of_words(flat, lengths)
+        sigs.append(hasher.signatures(hashes, offsets))
+        shingles.append(hashes)
+        counts.append(np.diff(offsets))
+        ids.extend(rb.column("id").to_pylist())
+        digests.extend(exact_digests(flat, lengths))
+        q = rb.column(cfg.quality_column).cast(pa.float64()) if has_quality else pa.nulls(rb.num_rows, pa.float64())
+        quality.append(q)
+    n_shingles = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+    offsets = np.zeros(len(n_shingles) + 1, dtype=np.int64)
+    np.cumsum(n_shingles, out=offsets[1:])
+    meta = pa.table({"id": pa.array(ids, pa.string()), "exact": pa.array(digests, pa.binary(16)),
+                     "n_shingles": pa.array(n_shingles.astype(np.int32)),
+                     "offset": pa.array(offsets[:-1]),
+                     "quality": pa.concat_arrays(quality) if quality else pa.array([], pa.float64())})
+    paths = {"meta": d / f"{shard.name}.meta.parquet", "sig": d / f"{shard.name}.sig.npy"}
+    with atomic_path(paths["meta"]) as tmp:
+        pq.write_table(meta, tmp, compression="zstd")
+    _save_npy(paths["sig"], np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), np.uint32))
+    if cfg.verify == "exact":
+        paths["shingles"] = d / f"{shard.name}.shingles.npy"
+        _save_npy(paths["shingles"], np.concatenate(shingles) if shingles else np.zeros(0, np.uint32))
+    result = {"shard": shard.model_dump(), "fingerprint": fp, "rows": len(ids), "has_quality": has_quality,
+              "files": {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in paths.items()},
+              "seconds": round(time.perf_counter() - t0, 3)}
+    write_json_atomic(marker, result)
+    _crash("signatures")
+    return result
+
+
+class SignatureFile:
+    """One shard's signature files, memory-mapped."""
+
+    def __init__(self, done: dict):
+        self.done = done
+        self.name = done["shard"]["name"]
+        meta = pq.read_table(done["files"]["meta"]["path"])
+        self.ids: list[str] = meta.column("id").to_pylist()
+        self.exact: list[bytes] = meta.column("exact").to_pylist()
+        self.n_shingles = meta.column("n_shingles").to_numpy()
+        self.offsets = np.append(meta.column("offset").to_numpy(), int(self.n_shingles.sum()) if len(self.ids) else 0)
+        self.quality = meta.column("quality").to_numpy(zero_copy_only=False)
+        self.sigs = np.load(done["files"]["sig"]["path"], mmap_mode="r")
+        self.flat = np.load(done["files"]["shingles"]["path"], mmap_mode="r") if "shingles" in done["files"] else None
+
+    def shingles(self, row: int) -> np.ndarray:
+        return np.asarray(self.flat[self.offsets[row]:self.offsets[row + 1]])
+
+
+# ---- the index ----------------------------------------------------------------------------------
+
+def index_name(cfg: DedupConfig, run_dir: str | Path | None) -> str:
+    """`dedup.index`, else the curate config's `dataset` (runs naming the same one share the index),
+    else one index private to the output folder: `<folder name>-<hash of its path and the index
+    parameters>` (two unrelated runs into folders that happen to share a name must not remove each
+    other's documents). "" when it depends on a run folder that is not given."""
+    import re
+    name = cfg.index or cfg._default_index
+    if not name:
+        if run_dir is None:
+            return ""
+        p = Path(run_dir).resolve()
+        name = f"{p.name}-{sha256_json({'path': str(p), 'params': cfg.index_params()})[:8]}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def check_dedup(cfg: DedupConfig) -> None:
+    """Before any document is read: Redis reachable, a named index built with these parameters."""
+    if not cfg.enabled or cfg.backend == "none":
+        return
+    if cfg.backend == "redis":
+        import redis
+        conn = redis.Redis(host=cfg.redis.host, port=cfg.redis.port, db=cfg.redis.db,
+                           password=os.environ.get(cfg.redis.password_env) if cfg.redis.password_env else None)
+        try:
+            conn.ping()
+        except redis.RedisError as e:
+            raise ValueError(f"dedup.redis: cannot reach Redis at {cfg.redis.host}:{cfg.redis.port} ({e})") from None
+        name = index_name(cfg, None)
+        if name:
+            raw = conn.get(f"{cfg.redis.prefix}:{name}:manifest")
+            if raw:
+                import json
+                from tasks.dedup_index import check_params
+                check_params(json.loads(raw)["params"], cfg.index_params(), f"redis {cfg.redis.prefix}:{name}")
+        return
+    if index_name(cfg, None) or cfg.index_dir:
+        folder = index_location(cfg, None)
+        if (folder / "manifest.json").exists():
+            from tasks.dedup_index import check_params
+            check_params(read_json(folder / "manifest.json")["params"], cfg.index_params(), str(folder))
+
+
+def index_location(cfg: DedupConfig, run_dir: str | Path | None) -> Path:
+    from catalog.db import quipu_home
+    return Path(cfg.index_dir) if cfg.index_dir else quipu_home() / "dedup" / index_name(cfg, run_dir)
+
+
+def open_index(cfg: DedupConfig, run_dir: str | Path) -> DedupIndex | None:
+    rd = str(Path(run_dir).resolve())
+    if cfg.backend == "none":
+        return None
+    if cfg.backend == "redis":
+        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, run_dir), cfg.index_params(), rd)
+    return FileIndex(index_location(cfg, run_dir), cfg.index_params(), rd)
+
+
+# ---- step 2: plan -----------------------------------------------------------------------------
+
+KEPT, EXACT, NEAR = "kept", "exact_dup", "near_dup"
+LOCAL_GEN = 1 << 40      # sorts this run's documents after every committed generation
+
+
+class Planner:
+    """Greedy clustering in processing order: each document joins the most similar kept document
+    (Jaccard >= threshold) or is kept itself."""
+
+    def __init__(self, cfg: DedupConfig, files: list[SignatureFile], index: DedupIndex | None):
+        self.cfg, self.files, self.index = cfg, files, index
+        self.local = LocalIndex(cfg.index_params())
+        self.local_ref: list[tuple[int, int]] = []           # local key n -> (file, row)
+        self._sets: dict[str, np.ndarray] = {}
+        self.stats = Counter()
+
+    def order(self) -> list[tuple[int, int]]:
+        pairs = [(f, r) for f, sf in enumerate(self.files) for r in range(len(sf.ids))]
+        if self.cfg.policy == "quality":
+            if not any(sf.done["has_quality"] for sf in self.files):
+                self.stats["quality_column_missing"] = 1
+                return pairs
+            q = {p: self.files[p[0]].quality[p[1]] for p in pairs}
+            return sorted(pairs, key=lambda p: (0, -q[p], p) if not np.isnan(q[p]) else (1, 0.0, p))
+        return pairs
+
+    def _set_of(self, key: str) -> np.ndarray:
+        s = self._sets.get(key)
+        if s is None:
+            if key.startswith("L"):
+                f, r = self.local_ref[int(key[1:])]
+                s = np.unique(self.files[f].shingles(r))
+            else:
+                s = np.unique(self.index.shingles(key))
+            if len(self._sets) > 50_000:
+                self._sets.clear()
+            self._sets[key] = s
+        return s
+
+    def _sig_of(self, key: str) -> np.ndarray:
+        if key.startswith("L"):
+            f, r = self.local_ref[int(key[1:])]
+            return np.asarray(self.files[f].sigs[r])
+        return self.index.signature(key)
+
+    @staticmethod
+    def _rank(key: str) -> tuple[int, int]:
+        return (LOCAL_GEN, int(key[1:])) if key.startswith("L") else key_order(key)
+
+    def run(self) -> tuple[list[dict[str, list]], list[dict]]:
+        cfg = self.cfg
+        decisions = [{"status": [KEPT] * len(sf.ids), "ref": [None] * len(sf.ids), "jac": [None] * len(sf.ids)}
+                     for sf in self.files]
+        examples: list[dict] = []
+        for f, r in self.order():
+            sf = self.files[f]
+            digest = sf.exact[r]
+            if cfg.exact:
+                key = self.local.exact.get(digest) or (self.index.exact_key(digest) if self.index else None)
+                if key is not None:
+                    d = decisions[f]
+                    d["status"][r], d["ref"][r], d["jac"][r] = EXACT, key, 1.0
+                    continue
+            m = lean(np.asarray(sf.sigs[r]), cfg.seed)
+            if cfg.near and sf.n_shingles[r] > 0:
+                best = self._best_match(f, r, m)
+                if best is not None:
+                    key, jac = best
+                    d = decisions[f]
+                    d["status"][r], d["ref"][r], d["jac"][r] = NEAR, key, jac
+                    if len(examples) < 3:
+                        examples.append({"file": f, "row": r, "key": key, "jaccard": round(jac, 4),
+                                         "estimated_jaccard": round(float(np.mean(self._sig_of(key) == np.asarray(sf.sigs[r]))), 4)})
+                    continue
+            key = f"L{len(self.local_ref)}"
+            self.local_ref.append((f, r))
+            self.local.insert(key, m, digest, in_lsh=bool(sf.n_shingles[r] > 0))
+            decisions[f]["ref"][r] = key
+        return decisions, examples
+
+    def _best_match(self, f: int, r: int, m) -> tuple[str, float] | None:
+        cands = self.local.query(m) + (self.index.query(m) if self.index and self.index.visible_gens else [])
+        if not cands:
+            return None
+        self.stats["candidates"] += len(cands)
+        best = None
+        mine = np.unique(self.files[f].shingles(r)) if self.cfg.verify == "exact" else np.asarray(self.files[f].sigs[r])
+        for key in sorted(cands, key=self._rank):   # ties go to the earliest kept document
+            if self.cfg.verify == "exact":
+                other = self._set_of(key)
+                inter = len(np.intersect1d(mine, other, assume_unique=True))
+                jac = inter / (len(mine) + len(other) - inter)
+            else:
+                jac = float(np.mean(self._sig_of(key) == mine))
+            if jac >= self.cfg.threshold and (best is None or jac > best[1]):
+                best = (key, jac)
+        if best is None:
+            self.stats["rejected_candidates_docs"] += 1
+        return best
+
+
+def plan_fingerprint(cfg: DedupConfig, sig_results: list[dict], run_dir: str) -> str:
+    return sha256_json({"sigs": [s["fingerprint"] for s in sig_results], "code": code_version(),
+                        "config": cfg.model_dump(mode="json", exclude={"batch_rows", "redis", "index_dir"}),
+                        "index": index_name(cfg, run_dir)})
+
+
+def plan(sig_results: list[dict], run_dir: str, cfg: DedupConfig) -> dict:
+    """Decide every document (one sequential pass); write decisions per shard and the plan marker."""
+    d = _dirs(run_dir)["plan"]
+    marker = d / "plan.json"
+    plan_id = plan_fingerprint(cfg, sig_results, run_dir)
+    if marker.exists():   # reusable if nothing was committed since, or it was this plan's commit
+        done = read_json(marker)
+        if done.get("plan") == plan_id and _files_intact(done["decisions"]):
+            if cfg.backend == "none":
+                return done
+            manifest = _open_for_commit(cfg, run_dir).manifest     # reads the manifest only
+            committed = manifest.committed_plan(plan_id)
+            if (committed and committed.gen == done["gen"]) or manifest.next_gen == done["expected_next_gen"]:
+                return done
+    t0 = time.perf_counter()
+    index = open_index(cfg, run_dir)
+    files = [SignatureFile(s) for s in sig_results]
+    gen = index.manifest.next_gen if index else 1
+    planner = Planner(cfg, files, index)
+    decisions, examples = planner.run()
+    t_plan = time.perf_counter() - t0
+
+    # Final keys of this run's kept documents: grouped by shard, in row order (the commit's order).
+    final: dict[str, str] = {}
+    n = 0
+    for f, dec in enumerate(decisions):
+        for r, st in enumerate(dec["status"]):
+            if st == KEPT:
+                final[dec["ref"][r]] = f"g{gen}:{n}"
+                n += 1
+
+    def resolve(key: str) -> tuple[str, str]:     # (doc id, cluster key) of a kept document
+        if key.startswith("L"):
+            f, r = planner.local_ref[int(key[1:])]
+            return files[f].ids[r], final[key]
+        return index.doc_id(key), key
+
+    outputs: dict[str, dict] = {}
+    cluster_sizes: Counter = Counter()
+    counts = Counter()
+    for f, dec in enumerate(decisions):
+        dup_of, cluster, jac = [], [], []
+        for r, st in enumerate(dec["status"]):
+            counts[st] += 1
+            if st == KEPT:
+                dup_of.append(None); cluster.append(final[dec["ref"][r]]); jac.append(None)
+            else:
+                doc_id, ckey = resolve(dec["ref"][r])
+                dup_of.append(doc_id); cluster.append(ckey); jac.append(dec["jac"][r])
+                cluster_sizes[ckey] += 1
+        table = pa.table({"status": pa.array(dec["status"], pa.string()), "dup_of": pa.array(dup_of, pa.string()),
+                          "cluster_id": pa.array(cluster, pa.string()), "dup_jaccard": pa.array(jac, pa.float64())})
+        path = d / f"{files[f].name}.parquet"
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+        outputs[files[f].name] = {"path": str(path), "sha256": sha256_file(path)}
+
+    hist = Counter(size + 1 for size in cluster_sizes.values())   # members removed + the kept one
+    ex_out = []
+    for e in examples:
+        sf = files[e["file"]]
+        kept_id, ckey = resolve(e["key"])
+        kept_loc = planner.local_ref[int(e["key"][1:])] if e["key"].startswith("L") else None
+        ex_out.append({"removed_id": sf.ids[e["row"]], "removed_shard": sf.name, "removed_row": e["row"],
+                       "kept_id": kept_id, "cluster_id": ckey,
+                       "kept_shard": files[kept_loc[0]].name if kept_loc else None,
+                       "kept_row": kept_loc[1] if kept_loc else None,
+                       "jaccard": e["jaccard"], "estimated_jaccard": e["estimated_jaccard"]})
+    total = sum(counts.values())
+    bands, rows = cfg.lsh_params()
+    result = {
+        "plan": plan_id, "gen": gen, "expected_next_gen": gen, "decisions": outputs,
+        "index": {"backend": cfg.backend, "name": index_name(cfg, run_dir),
+                  "location": index.location if index else None,
+                  "docs_before": index.size() if index else 0,
+                  "docs_after": (index.size() if index else 0) + counts[KEPT],
+                  "bands": bands, "rows": rows, "num_perm": cfg.num_perm,
+                  "memory_bytes": lsh_memory_bytes(planner.local.lsh) + (lsh_memory_bytes(index.lsh) if isinstance(index, FileIndex) else 0)},
+        "input_docs": total, "kept_docs": counts[KEPT], "exact_dup": counts[EXACT], "near_dup": counts[NEAR],
+        "exact_dup_rate": round(counts[EXACT] / total, 6) if total else 0.0,
+        "near_dup_rate": round(counts[NEAR] / total, 6) if total else 0.0,
+        "cluster_size_histogram": {str(k): v for k, v in sorted(hist.items())},
+        "examples": ex_out, "candidates": planner.stats["candidates"],
+        "policy_note": "quality column missing: first_seen order used" if planner.stats["quality_column_missing"] else None,
+        "seconds": round(time.perf_counter() - t0, 3), "plan_seconds": round(t_plan, 3),
+    }
+    write_json_atomic(marker, result)
+    _crash("plan")
+    return result
+
+
+def lsh_memory_bytes(lsh) -> int:
+    """Approximate Python memory of a dict-backed MinHashLSH (tables, key lists, band values)."""
+    from datasketch.storage import DictListStorage
+    seen = 0
+    for store in [lsh.keys, *lsh.hashtables]:
+        if not isinstance(store, DictListStorage):
+            return 0
+        table = store._dict
+        seen += sys.getsizeof(table)
+        for k, v in table.items():
+            seen += sys.getsizeof(k) + sys.getsizeof(v)
+            if store is lsh.keys:
+                seen += sum(sys.getsizeof(x) for x in v)
+    return seen
+
+
+# ---- step 3: split ----------------------------------------------------------------------------
+
+DUP_FIELDS = [pa.field("dup_of", pa.string()), pa.field("cluster_id", pa.string()), pa.field("dup_jaccard", pa.float64())]
+
+
+def split_shard(shard: Shard, run_dir: str, cfg: DedupConfig, plan_result: dict) -> dict:
+    """Kept and removed shards of one input shard from its decisions (rows aligned)."""
+    kept_dir, removed_dir, done_dir = stage_dirs(run_dir, STAGE)
+    marker = done_dir / f"{shard.name}.json"
+    dec_file = plan_result["decisions"][shard.name]
+    fp = sha256_json({"stage": STAGE, "input": shard.sha256, "decisions": dec_file["sha256"], "code": code_version(),
+                      "config": cfg.model_dump(mode="json", exclude={"redis", "index_dir"})})
+    done = load_done(marker, fp)
+    if done is not None:
+        done["skipped"] = True
+        return done
+    t0 = time.perf_counter()
+    decisions = pq.read_table(dec_file["path"])
+    pf = pq.ParquetFile(shard.path)
+    removed_schema = pa.schema(list(pf.schema_arrow) + [pa.field("reason", pa.string(), nullable=False)] + DUP_FIELDS)
+    kept_w = ShardWriter(kept_dir / f"{shard.name}.parquet", pf.schema_arrow)
+    removed_w = ShardWriter(removed_dir / f"{shard.name}.parquet", removed_schema)
+    counts: dict[str, int] = {}
+    examples: dict[str, list[dict]] = {}
+    n_in = bytes_in = chars_in = bytes_out = chars_out = 0
+    try:
+        for rb in pf.iter_batches(batch_size=cfg.batch_rows):
+            batch = pa.Table.from_batches([rb])
+            dec = decisions.slice(n_in, batch.num_rows)
+            n_in += batch.num_rows
+            keep = pc.equal(dec.column("status"), KEPT)
+            kept = batch.filter(keep)
+            drop = pc.invert(keep)
+            removed = batch.filter(drop)
+            dd = dec.filter(drop)
+            removed = removed.append_column(pa.field("reason", pa.string(), nullable=False), dd.column("status"))
+            for fld in DUP_FIELDS:
+                removed = removed.append_column(fld, dd.column(fld.name))
+            b, c = text_sizes(batch); bytes_in += b; chars_in += c
+            b, c = text_sizes(kept); bytes_out += b; chars_out += c
+            kept_w.write(kept)
+            removed_w.write(removed)
+            count_reasons(removed, counts, examples)
+        kept_s, removed_s = kept_w.close(), removed_w.close()
+    except BaseException:
+        kept_w.abort()
+        removed_w.abort()
+        raise
+    if n_in != decisions.num_rows or n_in != kept_s.rows + removed_s.rows:
+        raise AssertionError(f"dedup/{shard.name}: {n_in} rows read, {decisions.num_rows} decisions, "
+                             f"{kept_s.rows} kept + {removed_s.rows} removed")
+    result = {"stage": STAGE, "shard": shard.name, "fingerprint": fp, "input": shard.model_dump(),
+              "kept": kept_s.model_dump(), "removed": removed_s.model_dump(),
+              "input_docs": n_in, "kept_docs": kept_s.rows, "removed_docs": removed_s.rows,
+              "removed_by_reason": counts, "examples": examples,
+              "stats": {"exact_dup": counts.get(EXACT, 0), "near_dup": counts.get(NEAR, 0)},
+              "bytes_in": bytes_in, "bytes_out": bytes_out, "chars_in": chars_in, "chars_out": chars_out,
+              "seconds": round(time.perf_counter() - t0, 3)}
+    write_json_atomic(marker, result)
+    result["skipped"] = False
+    _crash("split")
+    return result
+
+
+# ---- step 4: commit ---------------------------------------------------------------------------
+
+def segment_parts(sig_results: list[dict], plan_result: dict):
+    """This run's kept documents per shard, in final-key order (shard, row)."""
+    for s in sig_results:
+        sf = SignatureFile(s)
+        dec = pq.read_table(plan_result["decisions"][sf.name]["path"])
+        rows = np.nonzero(np.asarray(pc.equal(dec.column("status"), KEPT).to_numpy(zero_copy_only=False)))[0]
+        if sf.flat is not None:
+            lens = sf.n_shingles[rows].astype(np.int64)
+            offs = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(lens, out=offs[1:])
+            flat = np.concatenate([sf.shingles(r) for r in rows]) if len(rows) else np.zeros(0, np.uint32)
+        else:
+            flat = offs = None
+        yield SegmentPart(ids=[sf.ids[r] for r in rows], exact=[sf.exact[r] for r in rows],
+                          sigs=np.asarray(sf.sigs[rows]) if len(rows) else np.zeros((0, sf.sigs.shape[1]), np.uint32),
+                          shingles=flat, offsets=offs)
+
+
+def commit(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupConfig) -> dict:
+    """Add this run's kept documents to the index, once, after every output shard exists."""
+    if cfg.backend == "none":
+        return {"committed": False, "reason": "backend none"}
+    index = _open_for_commit(cfg, run_dir)
+    done = index.manifest.committed_plan(plan_result["plan"])
+    if done is not None and done.gen == plan_result["gen"]:
+        return {"committed": True, "gen": done.gen, "skipped": True, "disk_bytes": index.disk_bytes()}
+    index.commit(plan_result["gen"], plan_result["expected_next_gen"], plan_result["plan"],
+                 segment_parts(sig_results, plan_result), crash_hook=_crash)
+    info = {"committed": True, "gen": plan_result["gen"], "skipped": False, "disk_bytes": index.disk_bytes(),
+            "location": index.location, "backend": index.backend}
+    try:
+        from catalog import registry
+        registry.kv_put_many("dedup_index", {index_name(cfg, run_dir): {
+            "backend": index.backend, "location": index.location, "generation": plan_result["gen"],
+            "docs": plan_result["index"]["docs_after"], "run_dir": str(Path(run_dir).resolve())}})
+    except Exception as e:  # the index is committed; the catalog entry is only a pointer to it
+        info["catalog_error"] = str(e)
+    return info
+
+
+def _open_for_commit(cfg: DedupConfig, run_dir: str) -> DedupIndex:
+    """The index without rebuilding its in-memory LSH (the commit only writes)."""
+    rd = str(Path(run_dir).resolve())
+    if cfg.backend == "redis":
+        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, run_dir), cfg.index_params(), rd)
+    idx = FileIndex.__new__(FileIndex)
+    DedupIndex.__init__(idx, cfg.index_params(), rd)
+    idx.folder = index_location(cfg, run_dir)
+    idx.location = str(idx.folder)
+    man = idx._read_manifest()
+    if man is not None:
+        from tasks.dedup_index import check_params
+        check_params(man.params, cfg.index_params(), idx.location)
+        idx.manifest = man
+    return idx
+
+
+# ---- the stage: local runner and Prefect tasks --------------------------------------------------
+
+def _attach_report(results: list[dict], plan_result: dict, commit_info: dict, sig_results: list[dict]) -> list[dict]:
+    """The stage's global figures ride on the first shard result (aggregate merges `stats`)."""
+    if not results:
+        return results
+    report = {k: plan_result[k] for k in ("exact_dup", "near_dup", "exact_dup_rate", "near_dup_rate",
+                                           "cluster_size_histogram", "candidates", "plan_seconds")}
+    report["examples"] = _example_pairs(plan_result, sig_results)
+    report["index"] = {**plan_result["index"], "disk_bytes": commit_info.get("disk_bytes"),
+                       "committed_generation": commit_info.get("gen")}
+    report["signature_seconds"] = round(sum(s.get("seconds", 0) for s in sig_results), 3)
+    first = dict(results[0])
+    first["stats"] = {**first.get("stats", {}), "dedup": report}
+    return [first] + results[1:]
+
+
+def _example_pairs(plan_result: dict, sig_results: list[dict]) -> list[dict]:
+    shards = {s["shard"]["name"]: s["shard"]["path"] for s in sig_results}
+
+    def text_at(shard: str | None, row: int | None) -> str | None:
+        if shard is None:
+            return None
+        seen = 0
+        for rb in pq.ParquetFile(shards[shard]).iter_batches(batch_size=2000, columns=["text"]):
+            if row < seen + rb.num_rows:
+                return rb.column(0)[row - seen].as_py()
+            seen += rb.num_rows
+        return None
+
+    out = []
+    for e in plan_result["examples"]:
+        kept = text_at(e["kept_shard"], e["kept_row"])
+        out.append({"kept_id": e["kept_id"], "removed_id": e["removed_id"], "cluster_id": e["cluster_id"],
+                    "estimated_jaccard": e["estimated_jaccard"], "jaccard": e["jaccard"],
+                    "kept": snippet(kept) if kept is not None else "(kept by an earlier run)",
+                    "removed": snippet(text_at(e["removed_shard"], e["removed_row"]))})
+    return out
+
+
+def dedup_local(shards: list[Shard], run_dir: str, cfg: DedupConfig,
+                map_fn: Callable | None = None) -> list[dict]:
+    """All four steps without Prefect (tests, benchmarks); `map_fn(fn, items)` may parallelise."""
+    map_fn = map_fn or (lambda fn, items: [fn(x) for x in items])
+    sigs = map_fn(lambda s: compute_signatures(s, run_dir, cfg), shards)
+    p = plan(sigs, run_dir, cfg)
+    results = map_fn(lambda s: split_shard(s, run_dir, cfg, p), shards)
+    info = commit(sigs, p, run_dir, cfg)
+    return _attach_report(results, p, info, sigs)
+
+
+@task(name="dedup-signatures", task_run_name="dedup-signatures-{shard.name}", retries=1, retry_delay_seconds=1)
+def dedup_signatures_task(shard: Shard, run_dir: str, cfg: DedupConfig) -> dict:
+    return compute_signatures(shard, run_dir, cfg)
+
+
+@task(name="dedup-plan", retries=0)
+def dedup_plan_task(sig_results: list[dict], run_dir: str, cfg: DedupConfig) -> dict:
+    return plan(sig_results, run_dir, cfg)
+
+
+@task(name="dedup-split", task_run_name="dedup-split-{shard.name}", retries=1, retry_delay_seconds=1)
+def dedup_split_task(shard: Shard, run_dir: str, cfg: DedupConfig, plan_result: dict) -> dict:
+    return split_shard(shard, run_dir, cfg, plan_result)
+
+
+@task(name="dedup-commit", retries=0)
+def dedup_commit_task(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupConfig) -> dict:
+    return commit(sig_results, plan_result, run_dir, cfg)
+
+
+def run_dedup_stage(shards: list[Shard], run_dir: str, cfg: DedupConfig) -> list[dict]:
+    """The curate flow's runner for StageSpec("dedup"): mapped signatures, one plan, mapped splits,
+    one commit (only after every split succeeded)."""
+    from prefect import unmapped
+    sigs = [f.result() for f in dedup_signatures_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg))]
+    p = dedup_plan_task(sigs, run_dir, cfg)
+    results = [f.result() for f in dedup_split_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg),
+                                                          plan_result=unmapped(p))]
+    info = dedup_commit_task(sigs, p, run_dir, cfg)
+    return _attach_report(results, p, info, sigs)

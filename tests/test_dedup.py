@@ -1,0 +1,399 @@
+"""Dedup stage: datasketch-exact signatures, ground-truth recall/precision on real text,
+incremental runs (file and Redis index), kill + rerun, and the stage inside the curate flow."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.dedup import DedupConfig, MinHasher, dedup_local, index_name, open_index, tokenize, words
+from tasks.dedup_index import IndexMismatch
+from tasks.stage import Shard, write_table
+from tests.conftest import ROOT, run_quipu
+
+NGRAM = 5
+SOURCES = ["en_nltk_abc_news.jsonl", "es_nltk_cess_esp_news.jsonl", "pt_fakebr_news.jsonl",
+           "en_nltk_movie_reviews.jsonl", "en_ud_ewt_web.jsonl", "es_nltk_conll2002_efe_news.jsonl"]
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def load_docs(shared_data: Path, min_words: int = 40, per_file: int = 400) -> list[dict]:
+    docs = []
+    for name in SOURCES:
+        with open(shared_data / "text" / name) as fh:
+            n = 0
+            for line in fh:
+                d = json.loads(line)
+                if len(d["text"].split()) >= min_words:
+                    docs.append({"id": d["id"], "text": d["text"]})
+                    n += 1
+                    if n >= per_file:
+                        break
+    return docs
+
+
+def perturb(text: str, frac: float, rng: random.Random, vocab: list[str]) -> str:
+    """Replace or delete `frac` of the words (whitespace tokens) at random positions."""
+    toks = text.split()
+    n_edit = max(1, round(frac * len(toks)))
+    for pos in sorted(rng.sample(range(len(toks)), n_edit), reverse=True):
+        if rng.random() < 0.5:
+            toks[pos] = rng.choice(vocab)
+        else:
+            del toks[pos]
+    return " ".join(toks)
+
+
+def shingle_sets(texts: list[str]) -> list[frozenset]:
+    """Word 5-gram sets in plain Python (tuples of words), from one tokenizer call for all texts."""
+    flat, lengths = tokenize(pa.array(texts, pa.string()))
+    ws, out, start = flat.to_pylist(), [], 0
+    for n in lengths:
+        out.append(_shingles(ws[start:start + n]))
+        start += n
+    return out
+
+
+def shingle_set(text: str) -> frozenset:
+    return _shingles(words(text))
+
+
+def _shingles(w: list[str]) -> frozenset:
+    if 0 < len(w) < NGRAM:
+        return frozenset([tuple(w)])
+    return frozenset(tuple(w[i:i + NGRAM]) for i in range(len(w) - NGRAM + 1))
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def true_pairs(docs: list[dict], threshold: float) -> dict[tuple[str, str], float]:
+    """Every pair with word-5-gram Jaccard >= threshold, exactly: intersection sizes of all pairs
+    from a sparse document x shingle incidence matrix (M @ M.T)."""
+    from scipy import sparse
+    sets = shingle_sets([d["text"] for d in docs])
+    vocab: dict[tuple, int] = {}
+    rows, cols = [], []
+    for i, s in enumerate(sets):
+        for sh in s:
+            rows.append(i)
+            cols.append(vocab.setdefault(sh, len(vocab)))
+    m = sparse.csr_matrix((np.ones(len(rows), np.int32), (rows, cols)), shape=(len(sets), len(vocab)))
+    inter = sparse.triu(m @ m.T, k=1).tocoo()
+    sizes = np.array([len(s) for s in sets])
+    jac = inter.data / (sizes[inter.row] + sizes[inter.col] - inter.data)
+    return {(docs[i]["id"], docs[j]["id"]): float(x) for i, j, x in zip(inter.row, inter.col, jac) if x >= threshold}
+
+
+def write_shards(rows: list[dict], folder: Path, n: int, prefix: str = "s") -> list[Shard]:
+    shards = []
+    size = (len(rows) + n - 1) // n
+    for i in range(n):
+        part = rows[i * size:(i + 1) * size]
+        t = pa.table({"id": pa.array([r["id"] for r in part], pa.string()),
+                      "text": pa.array([r["text"] for r in part], pa.string()),
+                      **({"quality_score": pa.array([r.get("q") for r in part], pa.float64())}
+                         if any("q" in r for r in part) else {})})
+        shards.append(write_table(folder / f"{prefix}{i:02d}.parquet", t))
+    return shards
+
+
+def removed_rows(run_dir: Path) -> list[dict]:
+    files = sorted((run_dir / "dedup" / "removed").glob("*.parquet"))
+    return [r for f in files for r in pq.read_table(f, columns=["id", "reason", "dup_of", "cluster_id", "dup_jaccard"]).to_pylist()]
+
+
+def kept_ids(run_dir: Path) -> list[str]:
+    files = sorted((run_dir / "dedup" / "kept").glob("*.parquet"))
+    return [i for f in files for i in pq.read_table(f, columns=["id"]).column("id").to_pylist()]
+
+
+def cfg_for(tmp_path: Path, backend: str, index: str, redis_cfg: dict | None = None, **kw) -> DedupConfig:
+    data = {"index": index, "backend": backend, "index_dir": str(tmp_path / "index" / index), **kw}
+    if backend == "redis":
+        data["redis"] = redis_cfg
+    return DedupConfig.model_validate(data)
+
+
+# ---- redis ------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("needs the redis-server binary (apt-get install -y redis-server; .ci/run installs it)")
+    port = _free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+    r = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(100):
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not answer")
+    yield {"host": "127.0.0.1", "port": port, "prefix": f"t{os.getpid()}"}
+    proc.terminate()
+    proc.wait(10)
+
+
+# ---- unit: signatures and config --------------------------------------------------------------
+
+def test_signatures_equal_datasketch_update_batch(shared_data):
+    from datasketch import MinHash
+    docs = load_docs(shared_data, min_words=3, per_file=30)
+    texts = [d["text"] for d in docs] + ["", "two words", "¿Qué tal?  Olá, mundo!"]
+    h = MinHasher(NGRAM, 128, seed=3, chunk=512)   # small chunks: long documents take the split path
+    hashes, offsets = h.shingle_hashes(pa.array(texts))
+    sigs = h.signatures(hashes, offsets)
+    for i, text in enumerate(texts):
+        mine = hashes[offsets[i]:offsets[i + 1]]
+        # one hash per distinct word 5-gram (a 32-bit collision in one document would be a bug here)
+        assert len(np.unique(mine)) == len(shingle_set(text)), text[:80]
+        ref = MinHash(num_perm=128, seed=3, hashfunc=lambda x: x)
+        ref.update_batch([int(x) for x in mine])
+        assert np.array_equal(ref.hashvalues, sigs[i]), f"doc {i}"
+    # the same 5-gram hashes the same in any document
+    a, _ = h.shingle_hashes(pa.array(["alpha beta gamma delta epsilon"]))
+    b, _ = h.shingle_hashes(pa.array(["zeta alpha Beta, gamma delta epsilon!"]))
+    assert a[0] == b[1] and a[0] != b[0]
+
+
+def test_config_presets_and_errors():
+    from flows.config import ConfigError, load_config
+    from flows.curate import CurateConfig
+    c = DedupConfig(preset="fineweb")
+    assert (c.num_perm, *c.lsh_params()) == (112, 14, 8)
+    assert DedupConfig(bands=16).lsh_params() == (16, 8)
+    assert DedupConfig().lsh_params() == (18, 7)          # datasketch's optimum for lsh_threshold 0.6
+    with pytest.raises(ConfigError, match="dedup.bands x dedup.rows"):
+        load_config(CurateConfig, data={"dedup": {"bands": 20, "rows": 8}})
+    with pytest.raises(ConfigError, match="dedup.lsh_threshold"):
+        load_config(CurateConfig, data={"dedup": {"lsh_threshold": 0.9}})
+    with pytest.raises(ConfigError, match="dedup.polcy: unknown key"):
+        load_config(CurateConfig, data={"dedup": {"polcy": "quality"}})
+    assert index_name(load_config(CurateConfig, data={"dataset": "cc/2026"}).dedup, "runs/x") == "cc_2026"
+    own = index_name(load_config(CurateConfig, data={"output": "runs/cc-a"}).dedup, "runs/cc-a")
+    assert own.startswith("cc-a-") and own != index_name(DedupConfig(), "elsewhere/cc-a")
+    assert index_name(load_config(CurateConfig, data={"dedup": {"index": "main"}}).dedup, None) == "main"
+
+
+# ---- ground truth -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_recall_and_precision_against_true_jaccard(shared_data, tmp_path):
+    rng = random.Random(42)
+    docs = load_docs(shared_data)
+    rng.shuffle(docs)
+    vocab = [w for d in docs[:200] for w in d["text"].split()]
+    originals, unrelated = docs[:300], docs[300:1000]
+    rows = [dict(d) for d in originals + unrelated]
+    for i, d in enumerate(originals):
+        for c in range(2 if i % 5 == 0 else 1):
+            rows.append({"id": f"{d['id']}#copy{c}", "text": perturb(d["text"], rng.uniform(0.005, 0.06), rng, vocab)})
+    rng.shuffle(rows)
+    shards = write_shards(rows, tmp_path / "in", 4)
+    cfg = cfg_for(tmp_path, "none", "gt")
+    results = dedup_local(shards, str(tmp_path / "run"), cfg)
+
+    truth = true_pairs(rows, 0.7)
+    pos = {p for p, j in truth.items() if j >= 0.8}
+    # the copies spread the true Jaccard on both sides of 0.8 (so the test can fail both ways)
+    assert sum(1 for j in truth.values() if j < 0.8) >= 50 and len(pos) >= 100
+
+    removed = {r["id"]: r for r in removed_rows(tmp_path / "run")}
+    caught = sum(1 for a, b in pos if a in removed or b in removed)
+    recall = caught / len(pos)
+    sets = dict(zip([r["id"] for r in rows], shingle_sets([r["text"] for r in rows])))
+    good = sum(1 for r in removed.values() if jaccard(sets[r["id"]], sets[r["dup_of"]]) >= 0.8)
+    precision = good / len(removed)
+    print(f"true pairs >= 0.8: {len(pos)}, recall {recall:.4f}, removed {len(removed)}, precision {precision:.4f}")
+    assert recall >= 0.95 and precision >= 0.95
+    # every removed row names a kept twin and its cluster
+    kept = set(kept_ids(tmp_path / "run"))
+    assert all(r["dup_of"] in kept and r["cluster_id"] for r in removed.values())
+    assert len(kept) + len(removed) == len(rows)
+    rep = results[0]["stats"]["dedup"]
+    assert rep["near_dup"] + rep["exact_dup"] == len(removed) and len(rep["examples"]) == 3
+    assert sum(n * (int(k) - 1) for k, n in rep["cluster_size_histogram"].items()) == len(removed)
+
+
+# ---- incremental, backends, kill ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ab_rows(shared_data):
+    rng = random.Random(7)
+    docs = load_docs(shared_data, per_file=200)
+    rng.shuffle(docs)
+    vocab = [w for d in docs[:100] for w in d["text"].split()]
+    a = [dict(d) for d in docs[:300]]
+    a += [{"id": f"a-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[:60]]
+    new = docs[300:500]
+    b = [{"id": f"b-same/{d['id']}", "text": d["text"]} for d in docs[100:200]]                 # A's documents again
+    b += [{"id": f"b-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[200:260]]
+    b += [dict(d) for d in new]
+    b += [{"id": f"b-newcopy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in new[:40]]
+    rng.shuffle(a)
+    rng.shuffle(b)
+    return a, b
+
+
+def _single_run_reference(tmp_path, a, b, backend, redis_cfg, name):
+    sa = write_shards(a, tmp_path / f"{name}-in", 2, "a")
+    sb = write_shards(b, tmp_path / f"{name}-in", 2, "b")
+    dedup_local(sa + sb, str(tmp_path / f"{name}-ab"), cfg_for(tmp_path, backend, name, redis_cfg))
+    b_ids = {r["id"] for r in b}
+    return {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / f"{name}-ab") if r["id"] in b_ids}, sa, sb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["file", "redis"])
+def test_two_runs_equal_one_run(tmp_path, ab_rows, backend, request):
+    redis_cfg = request.getfixturevalue("redis_server") if backend == "redis" else None
+    a, b = ab_rows
+    single, sa, sb = _single_run_reference(tmp_path, a, b, "none", None, "single")
+    cfg = cfg_for(tmp_path, backend, f"inc-{backend}", redis_cfg)
+    dedup_local(sa, str(tmp_path / "run-a"), cfg)
+    res_b = dedup_local(sb, str(tmp_path / "run-b"), cfg)
+    got = {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / "run-b")}
+    a_ids = {r["id"] for r in a}
+    assert sum(1 for _, _, d in got if d in a_ids) >= 120      # B's copies of A's documents were found
+    assert got == single
+    idx = open_index(cfg, tmp_path / "observer")
+    assert sorted(idx.doc_ids()) == sorted(kept_ids(tmp_path / "run-a") + kept_ids(tmp_path / "run-b"))
+    assert res_b[0]["stats"]["dedup"]["index"]["docs_before"] == len(kept_ids(tmp_path / "run-a"))
+    # a rerun into the same output replaces its own generation instead of matching itself
+    dedup_local(sb, str(tmp_path / "run-b"), cfg)
+    assert {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / "run-b")} == single
+    # B's output folder rerun on other input (one shard): its new generation replaces the old one
+    res = dedup_local(sb[:1], str(tmp_path / "run-b"), cfg)
+    b1_kept = pq.read_table(res[0]["kept"]["path"], columns=["id"]).column("id").to_pylist()
+    idx = open_index(cfg, tmp_path / "observer")
+    assert sorted(idx.doc_ids()) == sorted(kept_ids(tmp_path / "run-a") + b1_kept)
+    # another configuration cannot silently reuse the index
+    with pytest.raises(IndexMismatch, match="dedup.num_perm"):
+        open_index(cfg.model_copy(update={"num_perm": 64}), tmp_path / "observer")
+
+
+CRASH_SCRIPT = """
+import json, sys
+from tasks.dedup import DedupConfig, dedup_local
+from tasks.stage import Shard
+cfg = DedupConfig.model_validate(json.loads(sys.argv[1]))
+dedup_local([Shard(**s) for s in json.loads(sys.argv[2])], sys.argv[3], cfg)
+"""
+
+
+@pytest.fixture(scope="module")
+def kill_reference(ab_rows, tmp_path_factory):
+    """Shards of smaller A and B, and what an uninterrupted A-then-B pair of runs outputs."""
+    tmp = tmp_path_factory.mktemp("kill-ref")
+    a, b = ab_rows[0][:150], ab_rows[1][:150]
+    sa = write_shards(a, tmp / "in", 2, "a")
+    sb = write_shards(b, tmp / "in", 2, "b")
+    ref_cfg = cfg_for(tmp, "file", "reference")
+    dedup_local(sa, str(tmp / "ref-a"), ref_cfg)
+    dedup_local(sb, str(tmp / "ref-b"), ref_cfg)
+    return sa, sb, kept_ids(tmp / "ref-b"), removed_rows(tmp / "ref-b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,point", [("file", "split"), ("file", "commit"), ("redis", "commit")])
+def test_kill_during_dedup_then_rerun(tmp_path, kill_reference, backend, point, request):
+    redis_cfg = request.getfixturevalue("redis_server") if backend == "redis" else None
+    sa, sb, ref_kept, ref_removed = kill_reference
+    cfg = cfg_for(tmp_path, backend, f"kill-{backend}-{point}", redis_cfg)
+    dedup_local(sa, str(tmp_path / "run-a"), cfg)
+    a_kept = kept_ids(tmp_path / "run-a")
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, cfg.model_dump_json(),
+                           json.dumps([s.model_dump() for s in sb]), str(tmp_path / "run-b")],
+                          cwd=ROOT, env={**os.environ, "QUIPU_DEDUP_CRASH_AT": point}, capture_output=True, text=True)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    # killed before its commit: the index holds exactly what run A output
+    assert sorted(open_index(cfg, tmp_path / "observer").doc_ids()) == sorted(a_kept)
+
+    dedup_local(sb, str(tmp_path / "run-b"), cfg)
+    assert sorted(kept_ids(tmp_path / "run-b")) == sorted(ref_kept)
+    assert removed_rows(tmp_path / "run-b") == ref_removed
+    assert sorted(open_index(cfg, tmp_path / "observer").doc_ids()) == sorted(a_kept + kept_ids(tmp_path / "run-b"))
+
+
+# ---- policy and determinism -------------------------------------------------------------------
+
+def test_quality_policy_keeps_best_and_output_is_deterministic(shared_data, tmp_path):
+    rng = random.Random(3)
+    docs = load_docs(shared_data, per_file=20)[:60]
+    vocab = [w for d in docs for w in d["text"].split()]
+    rows = []
+    for d in docs[:20]:
+        rows.append({"id": d["id"], "text": d["text"], "q": 0.1})
+        rows.append({"id": d["id"] + "#better", "text": perturb(d["text"], 0.01, rng, vocab), "q": 0.9})
+    rows += [{"id": d["id"], "text": d["text"], "q": 0.5} for d in docs[20:]]
+    shards = write_shards(rows, tmp_path / "in", 2)
+    cfg = cfg_for(tmp_path, "none", "q", policy="quality")
+    dedup_local(shards, str(tmp_path / "r1"), cfg)
+    removed = {r["id"]: r for r in removed_rows(tmp_path / "r1")}
+    assert {d["id"] for d in docs[:20]} <= set(removed)
+    assert all(removed[d["id"]]["dup_of"] == d["id"] + "#better" for d in docs[:20])
+    dedup_local(shards, str(tmp_path / "r2"), cfg)
+    for sub in ("kept", "removed"):
+        for f in sorted((tmp_path / "r1" / "dedup" / sub).glob("*.parquet")):
+            assert f.read_bytes() == (tmp_path / "r2" / "dedup" / sub / f.name).read_bytes()
+
+
+# ---- inside the curate flow -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_curate_flow_runs_dedup_stage(shared_data, tmp_path, prefect_server):
+    from flows.curate import CurateConfig
+    rng = random.Random(5)
+    docs = load_docs(shared_data, per_file=40)
+    vocab = [w for d in docs for w in d["text"].split()]
+    rows = [{"id": d["id"], "text": d["text"]} for d in docs]
+    rows += [{"id": d["id"] + "#c", "text": perturb(d["text"], 0.01, rng, vocab)} for d in docs[:50]]
+    rows += [{"id": d["id"] + "#x", "text": d["text"]} for d in docs[50:60]]
+    inp = tmp_path / "docs.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    off = [f"--set={name}.enabled=false" for name, f in CurateConfig.model_fields.items()
+           if name not in ("extract", "dedup") and hasattr(f.default, "enabled")]
+    args = ["curate", str(ROOT / "configs" / "curate" / "demo.yaml"), "--input", str(inp),
+            "--output", str(tmp_path / "out"), f"--set=dedup.index_dir={tmp_path / 'idx'}", *off]
+    p = run_quipu(*args)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "dedup" / "report.json").read_text())
+    assert report["removed_by_reason"].get("near_dup", 0) >= 45 and report["removed_by_reason"].get("exact_dup", 0) >= 10
+    d = report["stats"]["dedup"]
+    assert d["index"]["disk_bytes"] > 0 and d["index"]["memory_bytes"] > 0 and len(d["examples"]) == 3
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert [s["name"] for s in run["stages"]][-1] == "dedup"
+    assert run["curated"]["rows"] == report["kept_docs"]
+    p = run_quipu(*args)    # the rerun finds everything done and the index unchanged
+    assert p.returncode == 0, p.stderr[-3000:]
+    report2 = json.loads((tmp_path / "out" / "dedup" / "report.json").read_text())
+    assert all(s["skipped"] for s in report2["shards"]) and report2["kept_docs"] == report["kept_docs"]

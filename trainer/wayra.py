@@ -1,0 +1,413 @@
+"""Wayra-style student: a small causal transformer that predicts a teacher LLM's log-perplexity.
+
+WayraPPL (LatamGPT, NeurIPS 2025) distils a 1B Llama teacher's per-document perplexity into a 55M
+transformer. Ours is much smaller (a few million parameters) so that CPU inference is two orders of
+magnitude faster than the teacher:
+
+- its own byte-level BPE tokenizer (HF `tokenizers`, a few thousand pieces, trained on the distillation
+  text): small embeddings, and en/es/pt are split as evenly as English;
+- a causal transformer (pre-norm blocks, `scaled_dot_product_attention(is_causal=True)`), trained with
+  a next-token loss as an auxiliary task (predictability is what perplexity measures; the LM loss
+  also uses the unlabelled text) plus a regression loss on the standardised teacher log-perplexity;
+- a regression head over the masked mean of the final states, the student's own mean token NLL (when
+  `nll_feature`), and the log of the token count.
+
+Saved as `model.safetensors` + `config.json` + `tokenizer.json`. Inference is batched with documents
+sorted by length (little padding); `quantize=True` applies int8 dynamic quantisation to the linear layers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from catalog.files import atomic_path, sha256_file, write_json_atomic
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT = "quipu-wayra-v1"
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+
+
+class StudentError(ValueError):
+    """A student model directory that cannot be used; the message names the path."""
+
+
+class WayraArch(BaseModel):
+    """The student's shape; stored in config.json."""
+    model_config = ConfigDict(extra="forbid")
+    vocab_size: int = Field(4096, ge=300, le=65536)
+    d_model: int = Field(128, ge=16, le=2048)
+    n_layers: int = Field(3, ge=1, le=24)
+    n_heads: int = Field(4, ge=1, le=32)
+    d_ff: int = Field(512, ge=16, le=8192)
+    max_len: int = Field(192, ge=8, le=4096, description="student tokens of each document it reads")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    nll_feature: bool = Field(True, description="feed the student's own mean token NLL to the regression head")
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int, max_chars: int = 4000):
+    """Byte-level BPE on the documents' prefixes (the part the student reads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((t[:max_chars] for t in texts), trainer=trainer, length=len(texts))
+    return tok
+
+
+def encode(tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    """BOS + the first `max_len - 1` pieces; character prefixes keep encoding fast for long documents."""
+    bos = tokenizer.token_to_id(BOS)
+    # ~1.5 chars a piece at worst for these vocabularies: enough characters to fill max_len pieces
+    cut = max_len * 8
+    return [[bos] + e.ids[: max_len - 1] for e in tokenizer.encode_batch([(t or "")[:cut] for t in texts])]
+
+
+# ---- model ------------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, a: WayraArch):
+        super().__init__()
+        self.n_heads = a.n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(a.d_model), nn.LayerNorm(a.d_model)
+        self.qkv = nn.Linear(a.d_model, 3 * a.d_model)
+        self.proj = nn.Linear(a.d_model, a.d_model)
+        self.ff = nn.Sequential(nn.Linear(a.d_model, a.d_ff), nn.GELU(), nn.Linear(a.d_ff, a.d_model))
+        self.drop = nn.Dropout(a.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        # right padding + causal attention: real tokens never attend to the padding after them
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(att))
+        return x + self.drop(self.ff(self.ln2(x)))
+
+
+class WayraModel(nn.Module):
+    def __init__(self, a: WayraArch):
+        super().__init__()
+        if a.d_model % a.n_heads:
+            raise StudentError(f"d_model {a.d_model} is not a multiple of n_heads {a.n_heads}")
+        self.arch = a
+        self.tok = nn.Embedding(a.vocab_size, a.d_model)
+        self.pos = nn.Embedding(a.max_len, a.d_model)
+        self.blocks = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.ln = nn.LayerNorm(a.d_model)
+        extra = 2 if a.nll_feature else 1
+        self.head = nn.Sequential(nn.Linear(a.d_model + extra, a.d_model), nn.GELU(), nn.Linear(a.d_model, 1))
+        self.drop = nn.Dropout(a.dropout)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.drop(self.tok(ids) + self.pos(pos))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln(x)
+
+    def token_nll(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-position next-token NLL (tied output embedding), zero where no target."""
+        logits = h[:, :-1] @ self.tok.weight.T
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                              reduction="none").view(ids.shape[0], -1)
+        return nll * mask[:, 1:]
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(standardised log-ppl prediction, LM loss sum, LM target count)."""
+        h = self.hidden(ids)
+        m = mask.to(h.dtype)
+        n = m.sum(dim=1).clamp(min=1)
+        pooled = (h * m.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
+        feats = [pooled, torch.log(n).unsqueeze(-1) - 4.0]
+        lm_sum = h.new_zeros(())
+        lm_n = m[:, 1:].sum()
+        if self.arch.nll_feature or self.training:
+            nll = self.token_nll(h, ids, m)
+            lm_sum = nll.sum()
+            if self.arch.nll_feature:
+                mean_nll = nll.sum(dim=1) / m[:, 1:].sum(dim=1).clamp(min=1)
+                # the head sees the NLL but its gradient does not reshape the LM through it
+                feats.append(mean_nll.detach().unsqueeze(-1) - 5.0)
+        pred = self.head(torch.cat(feats, dim=-1)).squeeze(-1)
+        return pred, lm_sum, lm_n
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[r, :len(s)] = 1
+    return ids, mask
+
+
+# ---- the student: model + tokenizer + label scale ---------------------------------------------
+
+class WayraStudent:
+    def __init__(self, model: WayraModel, tokenizer, label_mean: float, label_std: float, meta: dict | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.label_mean = label_mean
+        self.label_std = label_std
+        self.meta = meta or {}
+        self.pad_id = tokenizer.token_to_id(PAD)
+        self.path: Path | None = None
+
+    @property
+    def arch(self) -> WayraArch:
+        return self.model.arch
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return encode(self.tokenizer, texts, self.arch.max_len)
+
+    def predict_log_ppl(self, texts: Sequence[str], batch_size: int = 32) -> list[float]:
+        """Predicted teacher log-perplexity of each text (batches sorted by length)."""
+        if not len(texts):
+            return []
+        seqs = self.encode(texts)
+        order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
+        out = [0.0] * len(seqs)
+        self.model.eval()
+        with torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id)
+                pred, _, _ = self.model(ids, mask)
+                for i, v in zip(idx, pred.tolist()):
+                    out[i] = v * self.label_std + self.label_mean
+        return out
+
+    def quantize(self) -> "WayraStudent":
+        """int8 dynamic quantisation of the linear layers (weights int8, activations quantised on the fly)."""
+        from torch.ao.quantization import quantize_dynamic
+        self.model.eval()
+        self.model = quantize_dynamic(self.model, {nn.Linear}, dtype=torch.qint8)
+        return self
+
+    # -- files --
+    def save(self, directory: str | Path, extra: dict | None = None) -> dict:
+        from safetensors.torch import save_file
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
+        with atomic_path(d / WEIGHTS_FILE) as tmp:
+            save_file(state, str(tmp))
+        with atomic_path(d / TOKENIZER_FILE) as tmp:
+            self.tokenizer.save(str(tmp))
+        cfg = {"format": FORMAT, "arch": self.arch.model_dump(), "label_mean": self.label_mean,
+               "label_std": self.label_std, "weights_sha256": sha256_file(d / WEIGHTS_FILE),
+               **self.meta, **(extra or {})}
+        write_json_atomic(d / CONFIG_FILE, cfg)
+        self.path = d
+        return cfg
+
+    @classmethod
+    def load(cls, directory: str | Path, quantize: bool = False, threads: int | None = None) -> "WayraStudent":
+        """Load and verify a student directory; every failure names the path."""
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+        d = Path(directory)
+        if not d.is_dir():
+            raise StudentError(f"student model directory not found: {d}")
+        for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+            if not (d / name).is_file():
+                raise StudentError(f"student model {d}: missing {name}")
+        try:
+            cfg = json.loads((d / CONFIG_FILE).read_text())
+            if cfg.get("format") != FORMAT:
+                raise ValueError(f"format {cfg.get('format')!r}, expected {FORMAT!r}")
+            arch = WayraArch(**cfg["arch"])
+        except Exception as e:
+            raise StudentError(f"student model {d / CONFIG_FILE} is not a valid config: {e}") from None
+        expected = cfg.get("weights_sha256")
+        if expected and sha256_file(d / WEIGHTS_FILE) != expected:
+            raise StudentError(f"student model {d / WEIGHTS_FILE} is corrupt (hash differs from config.json)")
+        try:
+            state = load_file(str(d / WEIGHTS_FILE))
+            model = WayraModel(arch)
+            model.load_state_dict(state)
+        except Exception as e:
+            raise StudentError(f"student model {d / WEIGHTS_FILE} does not load: {str(e)[:300]}") from None
+        try:
+            tok = Tokenizer.from_file(str(d / TOKENIZER_FILE))
+        except Exception as e:
+            raise StudentError(f"student tokenizer {d / TOKENIZER_FILE} does not load: {str(e)[:200]}") from None
+        if threads:
+            torch.set_num_threads(threads)
+        meta = {k: v for k, v in cfg.items() if k not in ("format", "arch", "label_mean", "label_std", "weights_sha256")}
+        student = cls(model, tok, float(cfg["label_mean"]), float(cfg["label_std"]), meta)
+        student.path = d
+        model.eval()
+        return student.quantize() if quantize else student
+
+
+# ---- distillation -----------------------------------------------------------------------------
+
+@dataclass
+class DistillSettings:
+    epochs: int = 30
+    batch_size: int = 16
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    lm_weight: float = 0.3                 # auxiliary next-token loss, relative to the regression loss
+    pretrain_epochs: int = 1               # LM-only passes over all (also unlabelled) text first
+    val_fraction: float = 0.1
+    patience: int = 4                      # epochs without a better validation Spearman
+    max_seconds: float | None = None       # training time budget (stops between epochs)
+    seed: int = 0
+    threads: int | None = None
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    import numpy as np
+    from scipy.stats import spearmanr  # scipy comes with the stack (datatrove/sklearn); exact tie handling
+    if len(a) < 3:
+        return float("nan")
+    return float(spearmanr(np.asarray(a), np.asarray(b)).statistic)
+
+
+def pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    import numpy as np
+    if len(a) < 3:
+        return float("nan")
+    return float(np.corrcoef(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0, 1])
+
+
+def _batches(items: list[int], size: int, rng: random.Random, lengths: list[int]) -> list[list[int]]:
+    """Shuffled batches of similar length (bucket by length within a shuffled pool of 50 batches)."""
+    idx = items[:]
+    rng.shuffle(idx)
+    pool = size * 50
+    out = []
+    for p in range(0, len(idx), pool):
+        chunk = sorted(idx[p:p + pool], key=lambda i: lengths[i])
+        out += [chunk[s:s + size] for s in range(0, len(chunk), size)]
+    rng.shuffle(out)
+    return out
+
+
+def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, settings: DistillSettings,
+            unlabelled: Sequence[str] = (), log: Callable[[str], None] = print) -> tuple[WayraStudent, dict]:
+    """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics."""
+    import numpy as np
+    pairs = [(t, float(y)) for t, y in zip(texts, labels) if y is not None and not math.isnan(float(y))]
+    if len(pairs) < 10:
+        raise StudentError(f"distillation needs at least 10 labelled documents, got {len(pairs)}")
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    order = list(range(len(pairs)))
+    rng.shuffle(order)
+    n_val = max(3, int(len(pairs) * settings.val_fraction))
+    val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
+
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer([pairs[i][0] for i in train_idx] + list(unlabelled), arch.vocab_size)
+    arch = arch.model_copy(update={"vocab_size": tokenizer.get_vocab_size()})
+    seqs = encode(tokenizer, [p[0] for p in pairs], arch.max_len)
+    y = np.array([p[1] for p in pairs], dtype=np.float64)
+    mean, std = float(y[train_idx].mean()), float(y[train_idx].std() or 1.0)
+    target = torch.tensor((y - mean) / std, dtype=torch.float32)
+    lengths = [len(s) for s in seqs]
+    pad_id = tokenizer.token_to_id(PAD)
+
+    model = WayraModel(arch)
+    student = WayraStudent(model, tokenizer, mean, std)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len) if unlabelled else seqs
+    lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
+    lm_lengths = [len(s) for s in lm_seqs]
+    steps_per_epoch = math.ceil(len(train_idx) / settings.batch_size)
+    pre_steps = settings.pretrain_epochs * math.ceil(len(lm_items) / settings.batch_size)
+    total = pre_steps + settings.epochs * steps_per_epoch
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=settings.lr, total_steps=total, pct_start=0.1)
+    log(f"student: {student.n_params() / 1e6:.2f}M parameters, vocab {arch.vocab_size}, "
+        f"{len(train_idx)} train / {len(val_idx)} validation documents, {len(lm_items)} LM documents")
+
+    for ep in range(settings.pretrain_epochs):
+        model.train()
+        tot = cnt = 0.0
+        for b in _batches(lm_items, settings.batch_size, rng, lm_lengths):
+            ids, mask = pad_batch([lm_seqs[i] for i in b], pad_id)
+            _, lm_sum, lm_n = model(ids, mask)
+            loss = lm_sum / lm_n.clamp(min=1)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            tot += lm_sum.item(); cnt += lm_n.item()
+        log(f"pretrain epoch {ep + 1}: LM loss {tot / max(cnt, 1):.3f}")
+
+    best = {"spearman": -2.0, "epoch": 0, "state": None}
+    history = []
+    val_texts, val_y = [pairs[i][0] for i in val_idx], [pairs[i][1] for i in val_idx]
+    for ep in range(settings.epochs):
+        model.train()
+        reg_tot = lm_tot = lm_cnt = 0.0
+        for b in _batches(train_idx, settings.batch_size, rng, lengths):
+            ids, mask = pad_batch([seqs[i] for i in b], pad_id)
+            pred, lm_sum, lm_n = model(ids, mask)
+            reg = F.mse_loss(pred, target[b])
+            lm = lm_sum / lm_n.clamp(min=1)
+            loss = reg + settings.lm_weight * lm
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            reg_tot += reg.item() * len(b); lm_tot += lm_sum.item(); lm_cnt += lm_n.item()
+        val_pred = student.predict_log_ppl(val_texts)
+        rho = spearman(val_pred, val_y)
+        rmse = float(np.sqrt(np.mean((np.array(val_pred) - np.array(val_y)) ** 2)))
+        history.append({"epoch": ep + 1, "train_mse": round(reg_tot / len(train_idx), 4),
+                        "lm_loss": round(lm_tot / max(lm_cnt, 1), 4), "val_spearman": round(rho, 4),
+                        "val_rmse": round(rmse, 4)})
+        log(f"epoch {ep + 1}: train mse {reg_tot / len(train_idx):.4f} (standardised), LM {lm_tot / max(lm_cnt, 1):.3f}, "
+            f"validation Spearman {rho:.4f}, RMSE {rmse:.3f} nats")
+        if rho > best["spearman"]:
+            best = {"spearman": rho, "epoch": ep + 1, "rmse": rmse,
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        elif ep + 1 - best["epoch"] >= settings.patience:
+            log(f"early stop: no better validation Spearman for {settings.patience} epochs")
+            break
+        if settings.max_seconds and time.perf_counter() - t0 > settings.max_seconds:
+            log(f"time budget of {settings.max_seconds:.0f}s reached after epoch {ep + 1}")
+            break
+    model.load_state_dict(best["state"])
+    model.eval()
+    val_pred = student.predict_log_ppl(val_texts)
+    metrics = {"val_spearman": round(spearman(val_pred, val_y), 4), "val_pearson": round(pearson(val_pred, val_y), 4),
+               "val_rmse": round(best["rmse"], 4), "best_epoch": best["epoch"], "epochs_run": len(history),
+               "train_docs": len(train_idx), "val_docs": len(val_idx), "lm_docs": len(lm_items),
+               "params": student.n_params(), "seconds": round(time.perf_counter() - t0, 1), "history": history}
+    return student, metrics
