@@ -107,7 +107,7 @@ def datatrove_pipeline(inputs: Path, out: Path):
             return load_fasttext(default_model_path())
 
         def filter(self, doc):
-            text = doc.text[: lid_cfg.max_chars].replace("\n", " ").replace("\r", " ")
+            text = doc.text[: lid_cfg.max_chars].replace("\n", " ").replace("\r", " ") + "\n"  # as fastText's predict
             pairs = [(label.removeprefix("__label__"), float(p)) for p, label in self.model.f.predict(text, -1, 0.0, "strict")]
             pairs.sort(key=lambda x: -x[1])
             lang, score = pairs[0] if pairs else ("unknown", 0.0)

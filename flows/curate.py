@@ -21,7 +21,8 @@ from catalog.files import remove_stale_temporaries, write_json_atomic
 from flows.reports import RunProgress, publish_artifacts
 from flows.runners import RunnerConfig, make_task_runner, runner_matches
 from tasks.decontam import DecontamConfig, check_decontam, run_decontam
-from tasks.dedup import DedupConfig, check_dedup, run_dedup_stage
+from tasks.dedup import DedupConfig, check_dedup
+from tasks.dedup_tasks import run_dedup_stage
 from tasks.extract import ExtractConfig, extract_task
 from tasks.heuristics import HeuristicsConfig, heuristics_task
 from tasks.langid import LangIdConfig, langid_task

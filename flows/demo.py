@@ -112,7 +112,7 @@ STEPS: list[DemoStep] = [
     DemoStep("ppl-distill", ppl_distill_step, "distil SmolLM2-135M's perplexity into a small student (and KenLM "
                                               "models when `make kenlm` built lmplz) for the curate step's perplexity stage"),
     DemoStep("curate", curate_step, "run the curate flow with configs/curate/demo.yaml into runs/demo"),
-    DemoStep("train", train_step, "tokenize the curated shards and train a tiny Llama for at most 3 minutes "
+    DemoStep("train", train_step, "tokenize the curated shards and train a tiny Llama for at most 2.5 minutes "
                                   "(configs/train/demo.yaml); prints the loss curve and a sample"),
 ]
 
@@ -152,8 +152,8 @@ def planted_outcomes(run_dir: Path, labels_path: Path) -> dict[str, dict[str, in
     return out
 
 
-def format_planted(outcomes: dict[str, dict[str, int]]) -> str:
-    lines = ["what happened to what we planted (data/demo/labels.jsonl)"]
+def format_planted(outcomes: dict[str, dict[str, int]], labels_path: Path | str = "data/demo/labels.jsonl") -> str:
+    lines = [f"what happened to what we planted ({labels_path})"]
     for kind in sorted(outcomes, key=lambda k: (not k.startswith("article"), k)):
         places = ", ".join(f"{p} {n}" for p, n in sorted(outcomes[kind].items(), key=lambda kv: -kv[1]))
         lines.append(f"  {kind:<22} {sum(outcomes[kind].values()):>5}  → {places}")
@@ -178,7 +178,7 @@ def run_demo(ctx: DemoContext, only: list[str] | None = None) -> int:
         labels = ctx.data_dir / "labels.jsonl"
         if labels.is_file():
             print()
-            print(format_planted(planted_outcomes(Path(ctx.curate_summary["output"]), labels)))
+            print(format_planted(planted_outcomes(Path(ctx.curate_summary["output"]), labels), labels))
     print("\nwhere to look")
     for what, where in ctx.where:
         print(f"  {what:<18} {where}")

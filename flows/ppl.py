@@ -65,6 +65,7 @@ class PplConfig(BaseModel):
     languages: list[str] | None = Field(None, description="only documents whose `lang` is one of these (None: all)")
     label_docs: int = Field(3000, ge=10, description="documents sampled (seeded) for teacher labels")
     lm_docs: int = Field(0, ge=0, description="further unlabelled documents for the student's next-token loss")
+    lm_input: list[str] = Field(default_factory=list, description="more unlabelled documents (globs) for the next-token loss")
     min_chars: int = Field(20, ge=1, description="skip shorter documents")
     seed: int = 0
     labels_out: str | None = Field(None, description="also write the labels as JSONL here (id, lang, log_ppl)")
@@ -136,17 +137,24 @@ def load_teacher(cfg: TeacherConfig):
 
 # ---- flows ------------------------------------------------------------------------------------
 
-def _label(config: PplConfig) -> tuple[list[dict], list[dict], list[float], dict]:
+def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[dict], list[dict], list[float], dict]:
     """(labelled sample, unlabelled LM docs, labels, stats); teacher loaded before documents are read."""
     from trainer.teacher import LabelCache
     teacher = load_teacher(config.teacher)
+    if keep_teacher is not None:
+        keep_teacher["teacher"] = teacher
     if not config.input:
         raise UserError("no input: give --input GLOB or set `input` in the config")
     docs = read_documents(config.input, config.languages, config.min_chars)
     if not docs:
         raise UserError(f"no documents in {', '.join(config.input)}")
     ordered = seeded_sample(docs, len(docs), config.seed)
-    sample, rest = ordered[:config.label_docs], ordered[config.label_docs:config.label_docs + config.lm_docs]
+    sample = ordered[:config.label_docs]
+    labelled = {d["text"] for d in sample}
+    pool = ordered[config.label_docs:] + (read_documents(config.lm_input, config.languages, config.min_chars)
+                                          if config.lm_input else [])
+    unique = {d["text"]: d for d in pool if d["text"] not in labelled}
+    rest = seeded_sample(list(unique.values()), config.lm_docs, config.seed)
     print(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
           f"{len(sample)} of {len(docs)} documents to label")
     labels, stats = LabelCache(teacher).label([d["text"] for d in sample], log=print)
@@ -173,13 +181,15 @@ def ppl_distill(config: PplConfig) -> dict:
     from trainer.wayra import DistillSettings, distill
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))
     try:
-        sample, rest, labels, label_stats = _label(config)
+        holder: dict = {}
+        sample, rest, labels, label_stats = _label(config, holder)
         t = config.train
         settings = DistillSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                                    lm_weight=t.lm_weight, pretrain_epochs=t.pretrain_epochs, val_fraction=t.val_fraction,
                                    patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads)
         student, metrics = distill([d["text"] for d in sample], labels, config.student, settings,
-                                   unlabelled=[d["text"] for d in rest], log=print)
+                                   unlabelled=[d["text"] for d in rest], log=print,
+                                   teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None)
         meta = {"teacher": label_stats["teacher"], "teacher_fingerprint": label_stats["teacher_fingerprint"],
                 "teacher_max_tokens": config.teacher.max_tokens, "metrics": {k: v for k, v in metrics.items() if k != "history"}}
         cfg = student.save(config.output, meta)

@@ -1,5 +1,5 @@
 """The demo's last step: tokenize the demo's curated output and train a tiny Llama on it for at most
-three minutes (configs/train/demo.yaml), then print the loss-curve path and a generated sample."""
+2.5 minutes of training (configs/train/demo.yaml), then print the loss-curve path and a generated sample."""
 from __future__ import annotations
 
 import shutil

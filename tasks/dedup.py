@@ -1,7 +1,8 @@
 """Stage `dedup`: exact and near-duplicate removal with MinHash-LSH (datasketch), incremental
 across runs.
 
-A global stage, in four steps (each a Prefect task; `run_dedup_stage` is the curate flow's runner):
+A global stage, in four steps (each a Prefect task in `tasks.dedup_tasks`, whose `run_dedup_stage`
+is the curate flow's runner; this module is the logic and does not import Prefect):
 1. signatures, per shard in parallel: words (whitespace tokens, lower-cased, punctuation stripped
    from their ends) → word n-gram shingles → 32-bit shingle hashes → MinHash signatures,
    vectorised with numpy over all shingles of a batch of documents (datasketch's "affine32" permutations, bit-identical to
@@ -30,18 +31,17 @@ import unicodedata
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Callable, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from prefect import task
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
-from tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart,
+from tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart, save_npy,
                                key_order, lean)
 from tasks.stage import (QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, load_done,
                          snippet, stage_dirs, text_sizes)
@@ -65,7 +65,7 @@ class RedisConfig(BaseModel):
 
 class DedupConfig(StageConfig):
     preset: Literal["default", "fineweb"] = Field("default", description="`fineweb`: 112 permutations, 14 bands x 8 rows")
-    exact: bool = Field(True, description="remove exact duplicates of the normalised text")
+    exact: bool = Field(True, description="remove exact duplicates of the normalised text (same words, same order)")
     near: bool = Field(True, description="remove near duplicates (MinHash-LSH)")
     ngram: int = Field(5, ge=1, le=32, description="words per shingle")
     num_perm: int = Field(128, ge=8, le=1024, description="MinHash permutations")
@@ -77,7 +77,7 @@ class DedupConfig(StageConfig):
     policy: Literal["first_seen", "quality"] = Field("first_seen", description="which document of a cluster is kept")
     quality_column: str = Field("quality_score", description="column the `quality` policy ranks by (higher is better)")
     seed: int = Field(1, ge=0, description="MinHash permutation seed")
-    index: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="name of the persistent index (default: the dataset name)")
+    index: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="name of the persistent index shared by runs (default: the curate `dataset`; neither: one private to the output folder)")
     backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
     index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
     redis: RedisConfig = RedisConfig()
@@ -127,18 +127,11 @@ class DedupConfig(StageConfig):
                 "verify": self.verify, "scheme": SCHEME, "shingle_hash": SHINGLE_HASH}
 
 
+@lru_cache(maxsize=64)
 def _optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    """datasketch's own choice of (bands, rows) for a threshold (equal false positive/negative weights)."""
     from datasketch.lsh import _optimal_param
-    return _cached_optimal(round(threshold, 6), num_perm, _optimal_param)
-
-
-_OPT_CACHE: dict = {}
-
-
-def _cached_optimal(t, n, fn):
-    if (t, n) not in _OPT_CACHE:
-        _OPT_CACHE[(t, n)] = fn(t, n, 0.5, 0.5)
-    return _OPT_CACHE[(t, n)]
+    return _optimal_param(threshold, num_perm, 0.5, 0.5)
 
 
 # ---- text → shingles → signatures -------------------------------------------------------------
@@ -323,11 +316,6 @@ def _crash(point: str) -> None:
         os._exit(137)
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.save(fh, arr)
-
-
 def _files_intact(files: dict[str, dict]) -> bool:
     return all(Path(f["path"]).exists() and sha256_file(f["path"]) == f["sha256"] for f in files.values())
 
@@ -369,10 +357,10 @@ def compute_signatures(shard: Shard, run_dir: str, cfg: DedupConfig) -> dict:
     paths = {"meta": d / f"{shard.name}.meta.parquet", "sig": d / f"{shard.name}.sig.npy"}
     with atomic_path(paths["meta"]) as tmp:
         pq.write_table(meta, tmp, compression="zstd")
-    _save_npy(paths["sig"], np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), np.uint32))
+    save_npy(paths["sig"], np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), np.uint32))
     if cfg.verify == "exact":
         paths["shingles"] = d / f"{shard.name}.shingles.npy"
-        _save_npy(paths["shingles"], np.concatenate(shingles) if shingles else np.zeros(0, np.uint32))
+        save_npy(paths["shingles"], np.concatenate(shingles) if shingles else np.zeros(0, np.uint32))
     result = {"shard": shard.model_dump(), "fingerprint": fp, "rows": len(ids), "has_quality": has_quality,
               "files": {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in paths.items()},
               "seconds": round(time.perf_counter() - t0, 3)}
@@ -513,6 +501,7 @@ class Planner:
         decisions = [{"status": [KEPT] * len(sf.ids), "ref": [None] * len(sf.ids), "jac": [None] * len(sf.ids)}
                      for sf in self.files]
         examples: list[dict] = []
+        exact_examples: list[dict] = []
         for f, r in self.order():
             sf = self.files[f]
             digest = sf.exact[r]
@@ -521,6 +510,8 @@ class Planner:
                 if key is not None:
                     d = decisions[f]
                     d["status"][r], d["ref"][r], d["jac"][r] = EXACT, key, 1.0
+                    if len(exact_examples) < 3:
+                        exact_examples.append(self._example(f, r, key, 1.0))
                     continue
             m = lean(np.asarray(sf.sigs[r]), cfg.seed)
             if cfg.near and sf.n_shingles[r] > 0:
@@ -530,14 +521,17 @@ class Planner:
                     d = decisions[f]
                     d["status"][r], d["ref"][r], d["jac"][r] = NEAR, key, jac
                     if len(examples) < 3:
-                        examples.append({"file": f, "row": r, "key": key, "jaccard": round(jac, 4),
-                                         "estimated_jaccard": round(float(np.mean(self._sig_of(key) == np.asarray(sf.sigs[r]))), 4)})
+                        examples.append(self._example(f, r, key, jac))
                     continue
             key = f"L{len(self.local_ref)}"
             self.local_ref.append((f, r))
             self.local.insert(key, m, digest, in_lsh=bool(sf.n_shingles[r] > 0))
             decisions[f]["ref"][r] = key
-        return decisions, examples
+        return decisions, examples + exact_examples[:3 - len(examples)]   # near pairs first
+
+    def _example(self, f: int, r: int, key: str, jac: float) -> dict:
+        est = float(np.mean(self._sig_of(key) == np.asarray(self.files[f].sigs[r])))
+        return {"file": f, "row": r, "key": key, "jaccard": round(jac, 4), "estimated_jaccard": round(est, 4)}
 
     def _best_match(self, f: int, r: int, m) -> tuple[str, float] | None:
         cands = self.local.query(m) + (self.index.query(m) if self.index and self.index.visible_gens else [])
@@ -761,6 +755,7 @@ def commit(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupC
     """Add this run's kept documents to the index, once, after every output shard exists."""
     if cfg.backend == "none":
         return {"committed": False, "reason": "backend none"}
+    t0 = time.perf_counter()
     index = _open_for_commit(cfg, run_dir)
     done = index.manifest.committed_plan(plan_result["plan"])
     if done is not None and done.gen == plan_result["gen"]:
@@ -768,7 +763,7 @@ def commit(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupC
     index.commit(plan_result["gen"], plan_result["expected_next_gen"], plan_result["plan"],
                  segment_parts(sig_results, plan_result), crash_hook=_crash)
     info = {"committed": True, "gen": plan_result["gen"], "skipped": False, "disk_bytes": index.disk_bytes(),
-            "location": index.location, "backend": index.backend}
+            "location": index.location, "backend": index.backend, "seconds": round(time.perf_counter() - t0, 3)}
     try:
         from catalog import registry
         registry.kv_put_many("dedup_index", {index_name(cfg, run_dir): {
@@ -796,9 +791,9 @@ def _open_for_commit(cfg: DedupConfig, run_dir: str) -> DedupIndex:
     return idx
 
 
-# ---- the stage: local runner and Prefect tasks --------------------------------------------------
+# ---- the stage without Prefect (tests, benchmarks) ---------------------------------------------
 
-def _attach_report(results: list[dict], plan_result: dict, commit_info: dict, sig_results: list[dict]) -> list[dict]:
+def attach_report(results: list[dict], plan_result: dict, commit_info: dict, sig_results: list[dict]) -> list[dict]:
     """The stage's global figures ride on the first shard result (aggregate merges `stats`)."""
     if not results:
         return results
@@ -808,8 +803,12 @@ def _attach_report(results: list[dict], plan_result: dict, commit_info: dict, si
     report["index"] = {**plan_result["index"], "disk_bytes": commit_info.get("disk_bytes"),
                        "committed_generation": commit_info.get("gen")}
     report["signature_seconds"] = round(sum(s.get("seconds", 0) for s in sig_results), 3)
+    report["commit_seconds"] = commit_info.get("seconds", 0.0)
     first = dict(results[0])
     first["stats"] = {**first.get("stats", {}), "dedup": report}
+    # the stage's time in the funnel: splits (summed by aggregate) plus signatures, plan and commit
+    first["seconds"] = round(first.get("seconds", 0.0) + report["signature_seconds"] + plan_result["seconds"]
+                             + report["commit_seconds"], 3)
     return [first] + results[1:]
 
 
@@ -844,36 +843,4 @@ def dedup_local(shards: list[Shard], run_dir: str, cfg: DedupConfig,
     p = plan(sigs, run_dir, cfg)
     results = map_fn(lambda s: split_shard(s, run_dir, cfg, p), shards)
     info = commit(sigs, p, run_dir, cfg)
-    return _attach_report(results, p, info, sigs)
-
-
-@task(name="dedup-signatures", task_run_name="dedup-signatures-{shard.name}", retries=1, retry_delay_seconds=1)
-def dedup_signatures_task(shard: Shard, run_dir: str, cfg: DedupConfig) -> dict:
-    return compute_signatures(shard, run_dir, cfg)
-
-
-@task(name="dedup-plan", retries=0)
-def dedup_plan_task(sig_results: list[dict], run_dir: str, cfg: DedupConfig) -> dict:
-    return plan(sig_results, run_dir, cfg)
-
-
-@task(name="dedup-split", task_run_name="dedup-split-{shard.name}", retries=1, retry_delay_seconds=1)
-def dedup_split_task(shard: Shard, run_dir: str, cfg: DedupConfig, plan_result: dict) -> dict:
-    return split_shard(shard, run_dir, cfg, plan_result)
-
-
-@task(name="dedup-commit", retries=0)
-def dedup_commit_task(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupConfig) -> dict:
-    return commit(sig_results, plan_result, run_dir, cfg)
-
-
-def run_dedup_stage(shards: list[Shard], run_dir: str, cfg: DedupConfig) -> list[dict]:
-    """The curate flow's runner for StageSpec("dedup"): mapped signatures, one plan, mapped splits,
-    one commit (only after every split succeeded)."""
-    from prefect import unmapped
-    sigs = [f.result() for f in dedup_signatures_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg))]
-    p = dedup_plan_task(sigs, run_dir, cfg)
-    results = [f.result() for f in dedup_split_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg),
-                                                          plan_result=unmapped(p))]
-    info = dedup_commit_task(sigs, p, run_dir, cfg)
-    return _attach_report(results, p, info, sigs)
+    return attach_report(results, p, info, sigs)

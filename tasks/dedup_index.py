@@ -322,13 +322,13 @@ class FileIndex(DedupIndex):
                          "exact": pa.array(part.exact, pa.binary(16))})
         with atomic_path(self._part_path(gen, n, "meta.parquet")) as tmp:
             pq.write_table(meta, tmp, compression="zstd")
-        _save_npy(self._part_path(gen, n, "sig.npy"), part.sigs.astype(np.uint32, copy=False))
+        save_npy(self._part_path(gen, n, "sig.npy"), part.sigs.astype(np.uint32, copy=False))
         if self.params["verify"] == "exact":
-            _save_npy(self._part_path(gen, n, "shingles.npy"), part.shingles.astype(np.uint32, copy=False))
-            _save_npy(self._part_path(gen, n, "offsets.npy"), part.offsets.astype(np.int64, copy=False))
+            save_npy(self._part_path(gen, n, "shingles.npy"), part.shingles.astype(np.uint32, copy=False))
+            save_npy(self._part_path(gen, n, "offsets.npy"), part.offsets.astype(np.int64, copy=False))
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
+def save_npy(path: Path, arr: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.save(fh, arr)
 

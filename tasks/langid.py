@@ -65,9 +65,10 @@ def predict_topk(model, texts: list[str], k: int = 1) -> list[list[tuple[str, fl
     """The k best (language, probability) pairs for each text, in one batched call.
 
     We call the binding's `multilinePredict` directly: fasttext 0.9.3's Python `predict` breaks
-    under numpy 2. fastText reads one line per prediction, so newlines become spaces.
+    under numpy 2. fastText reads one line per prediction, so newlines become spaces; like
+    fastText's own `predict`, each line ends in "\n" (the end-of-line token the model was trained with).
     """
-    lines = [t.replace("\n", " ").replace("\r", " ") for t in texts]
+    lines = [t.replace("\n", " ").replace("\r", " ") + "\n" for t in texts]
     labels, probs = model.f.multilinePredict(lines, k, 0.0, "strict")
     return [[(label.removeprefix("__label__"), float(p)) for label, p in zip(ls, ps)] for ls, ps in zip(labels, probs)]
 

@@ -28,7 +28,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task, unmapped
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from catalog.files import read_json, sha256_file
 from tasks.schema import set_column
@@ -181,6 +181,14 @@ class QualityConfig(StageConfig):
     top_fraction_per_language: dict[str, float] = Field(default_factory=dict,
                                                         description="per-language top fractions, e.g. {es: 0.2}")
     batch_rows: int = Field(2000, gt=0, description="documents per fastText batch")
+
+    @field_validator("top_fraction_per_language")
+    @classmethod
+    def _fractions(cls, v: dict[str, float]) -> dict[str, float]:
+        for lang, f in v.items():
+            if not 0 < f <= 1:
+                raise ValueError(f"fraction for '{lang}' must be in (0, 1], got {f}")
+        return v
 
     def fraction(self, lang: str) -> float:
         return self.top_fraction_per_language.get(lang, self.top_fraction)

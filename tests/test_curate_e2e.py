@@ -131,23 +131,23 @@ def test_kill_and_resume_gives_the_same_bytes(reference_run, inputs, tmp_path):
 @pytest.mark.slow
 def test_acceptance_run_on_shared_web_and_text(shared_data, tmp_path, prefect_server):
     """The issue's acceptance run: every shared WARC plus the shared JSONL. The JSONL part is a
-    deterministic subset (the first 400 documents of each file, 4,869 documents) so the suite stays
-    within its time budget; the full 15k documents run in bench/curate_throughput.py."""
+    deterministic subset (the first 250 documents of each file, 2,820 documents) so the suite stays
+    within its time budget."""
     inputs = tmp_path / "text"
     inputs.mkdir()
     for f in sorted((shared_data / "text").glob("*.jsonl")):
         with open(f, encoding="utf-8") as fh:
-            (inputs / f.name).write_text("".join(line for _, line in zip(range(400), fh)), encoding="utf-8")
+            (inputs / f.name).write_text("".join(line for _, line in zip(range(250), fh)), encoding="utf-8")
     out = tmp_path / "curate-acceptance"
     p = run_quipu("curate", CONFIG, "--input", str(shared_data / "web" / "*.warc*"), "--input", str(inputs / "*.jsonl"),
                   "--output", str(out), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     run = check_run(out)
-    assert run["records_read"] > 4000 + 250
+    assert run["records_read"] >= 2820 + 250   # JSONL documents + WARC records
     extract = json.loads((out / "extract" / "report.json").read_text())
     assert len(extract["files"]) == len(list((shared_data / "web").glob("*.warc*"))) + 13
     curated = pq.read_table(out / "curated", columns=["id", "lang", "source"])
-    assert curated.num_rows > 1000
+    assert curated.num_rows > 800
     assert set(curated.column("lang").to_pylist()) <= {"en", "es", "pt"}
     assert any(s.endswith(".warc.gz") for s in curated.column("source").to_pylist())
     rep = run_quipu("report", str(out))

@@ -10,8 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -249,41 +247,45 @@ def test_recall_and_precision_against_true_jaccard(shared_data, tmp_path):
 @pytest.fixture(scope="module")
 def ab_rows(shared_data):
     rng = random.Random(7)
-    docs = load_docs(shared_data, per_file=200)
+    docs = load_docs(shared_data, per_file=100)
     rng.shuffle(docs)
     vocab = [w for d in docs[:100] for w in d["text"].split()]
-    a = [dict(d) for d in docs[:300]]
-    a += [{"id": f"a-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[:60]]
-    new = docs[300:500]
-    b = [{"id": f"b-same/{d['id']}", "text": d["text"]} for d in docs[100:200]]                 # A's documents again
-    b += [{"id": f"b-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[200:260]]
+    a = [dict(d) for d in docs[:200]]
+    a += [{"id": f"a-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[:40]]
+    new = docs[200:320]
+    b = [{"id": f"b-same/{d['id']}", "text": d["text"]} for d in docs[60:120]]                  # A's documents again
+    b += [{"id": f"b-copy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in docs[120:170]]
     b += [dict(d) for d in new]
-    b += [{"id": f"b-newcopy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in new[:40]]
+    b += [{"id": f"b-newcopy/{d['id']}", "text": perturb(d["text"], rng.uniform(0.005, 0.03), rng, vocab)} for d in new[:30]]
     rng.shuffle(a)
     rng.shuffle(b)
     return a, b
 
 
-def _single_run_reference(tmp_path, a, b, backend, redis_cfg, name):
-    sa = write_shards(a, tmp_path / f"{name}-in", 2, "a")
-    sb = write_shards(b, tmp_path / f"{name}-in", 2, "b")
-    dedup_local(sa + sb, str(tmp_path / f"{name}-ab"), cfg_for(tmp_path, backend, name, redis_cfg))
+@pytest.fixture(scope="module")
+def single_run(ab_rows, tmp_path_factory):
+    """Shards of A and B, and what one run over A+B removes from B's documents."""
+    tmp = tmp_path_factory.mktemp("single")
+    a, b = ab_rows
+    sa = write_shards(a, tmp / "in", 2, "a")
+    sb = write_shards(b, tmp / "in", 2, "b")
+    dedup_local(sa + sb, str(tmp / "ab"), cfg_for(tmp, "none", "single"))
     b_ids = {r["id"] for r in b}
-    return {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / f"{name}-ab") if r["id"] in b_ids}, sa, sb
+    return {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp / "ab") if r["id"] in b_ids}, sa, sb
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["file", "redis"])
-def test_two_runs_equal_one_run(tmp_path, ab_rows, backend, request):
+def test_two_runs_equal_one_run(tmp_path, ab_rows, single_run, backend, request):
     redis_cfg = request.getfixturevalue("redis_server") if backend == "redis" else None
     a, b = ab_rows
-    single, sa, sb = _single_run_reference(tmp_path, a, b, "none", None, "single")
+    single, sa, sb = single_run
     cfg = cfg_for(tmp_path, backend, f"inc-{backend}", redis_cfg)
     dedup_local(sa, str(tmp_path / "run-a"), cfg)
     res_b = dedup_local(sb, str(tmp_path / "run-b"), cfg)
     got = {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / "run-b")}
     a_ids = {r["id"] for r in a}
-    assert sum(1 for _, _, d in got if d in a_ids) >= 120      # B's copies of A's documents were found
+    assert sum(1 for _, _, d in got if d in a_ids) >= 80       # B's copies of A's documents were found
     assert got == single
     idx = open_index(cfg, tmp_path / "observer")
     assert sorted(idx.doc_ids()) == sorted(kept_ids(tmp_path / "run-a") + kept_ids(tmp_path / "run-b"))

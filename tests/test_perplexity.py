@@ -157,6 +157,24 @@ def test_student_save_load_sorted_batches_and_int8(tiny_student):
     assert json.loads((d / "config.json").read_text())["teacher"] == "noise-fraction"
 
 
+def test_student_with_the_teachers_tokenizer_and_embeddings(tmp_path, tiny_teacher_dir):
+    import torch
+    from trainer.teacher import Teacher, TeacherSettings
+    from trainer.wayra import DistillSettings, WayraArch, WayraStudent, distill
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=32, bf16=False))
+    texts, noise = noisy_texts(60, seed=11)
+    arch = WayraArch(tokenizer="teacher", d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=32, nll_feature=False)
+    student, _ = distill(texts, [1 + p for p in noise], arch, DistillSettings(epochs=1, lm_weight=0.0, threads=1),
+                         log=lambda m: None, teacher_model=teacher)
+    assert student.arch.vocab_size == teacher.model.config.vocab_size
+    # the student reads exactly the teacher's tokens (after BOS), cut at its own max_len
+    assert student.encode([texts[0]])[0] == teacher.encode([texts[0]])[0][:32]
+    emb = student.model.tok.weight.detach()
+    assert abs(float(emb.std()) - 0.02) < 0.01 and not torch.allclose(emb[5], emb[6])
+    student.save(tmp_path / "s")
+    assert WayraStudent.load(tmp_path / "s").predict_log_ppl(texts[:5]) == student.predict_log_ppl(texts[:5])
+
+
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
     from trainer.wayra import StudentError, WayraStudent

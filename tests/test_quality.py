@@ -81,6 +81,8 @@ def test_bad_config_names_the_key():
         load_config(CurateConfig, data={"quality": {"keep": "best"}})
     with pytest.raises(ConfigError, match="quality.top_fraction"):
         load_config(CurateConfig, data={"quality": {"top_fraction": 0}})
+    with pytest.raises(ConfigError, match="quality.top_fraction_per_language"):
+        load_config(CurateConfig, data={"quality": {"top_fraction_per_language": {"es": 1.5}}})
     assert load_config(CurateConfig, data={}).quality.enabled is False
 
 

@@ -348,15 +348,19 @@ def test_plan_command():
 
 
 @pytest.mark.slow
-def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server):
-    from tests.conftest import run_quipu
+def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server, capsys):
+    """`quipu train` (the tokenize-train flow, in-process against the session's server) and `quipu export`."""
+    from flows.cli import main
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(base_config(tmp_path / "unused")))
     out = tmp_path / "cli-run"
-    r = run_quipu("train", str(cfg), "--output", str(out), "--max-steps", "4", "--set", "export_hf=true", timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "loss curve:" in r.stdout and (out / "loss.png").exists() and (out / "hf" / "config.json").exists()
+    assert main(["train", str(cfg), "--output", str(out), "--max-steps", "4", "--set", "export_hf=true"]) == 0
+    printed = capsys.readouterr().out
+    assert f"loss curve: {out / 'loss.png'}" in printed and "sample:" in printed
+    assert (out / "loss.png").exists() and (out / "hf" / "config.json").exists()
     assert len(losses(out)) == 4
-    r = run_quipu("export", str(out), "--hf", str(tmp_path / "hf2"))
-    assert r.returncode == 0 and (tmp_path / "hf2" / "model.safetensors").exists(), r.stderr
-    assert registry.get_model(None, "llm") is not None
+    assert main(["export", str(out), "--hf", str(tmp_path / "hf2")]) == 0
+    assert (tmp_path / "hf2" / "model.safetensors").exists() and (tmp_path / "hf2" / "tokenizer.json").exists()
+    model = registry.get_model(None, "llm")
+    assert model is not None and model["path"] == str(out / "hf")
+    assert main(["export", str(tmp_path / "nowhere"), "--hf", str(tmp_path / "hf3")]) == 2

@@ -224,7 +224,7 @@ class Batcher:
     def _window(self, p: PhaseStream, j: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens [j·L, j·L+L+1) of the phase stream and a flag per token: 1 where a document starts."""
         L = self.seq_len
-        start = (j * L) % max(1, p.num_tokens - L - 1)   # wraps only if the stream is short (never by construction)
+        start = (j * L) % max(1, p.num_tokens - L)   # wraps only past the phase's budget (data skipped after a rollback)
         end = start + L + 1
         d = int(np.searchsorted(p.ends, start, side="right"))
         toks, starts = [], []

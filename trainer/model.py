@@ -76,26 +76,21 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """cos/sin tables, looked up by position id (so positions can restart inside a row)."""
+    """cos/sin tables for positions 0..max_seq_len-1, looked up by position id (positions restart
+    inside a packed row). Precomputed, so a forward has no data-dependent shapes (torch.compile)."""
 
     def __init__(self, head_dim: int, max_pos: int, theta: float):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.max_pos = max_pos
-        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def tables(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cache is None or self._cache[0] < n or self._cache[1] != device:
-            t = torch.arange(max(n, self.max_pos), device=device, dtype=torch.float32)
-            freqs = torch.outer(t, self.inv_freq.to(device))
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._cache = (len(t), device, emb.cos(), emb.sin())
-        return self._cache[2], self._cache[3]
-
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.tables(int(position_ids.max()) + 1, position_ids.device)
-        return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)  # (B, 1, T, hd)
+    def forward(self, position_ids: torch.Tensor | None, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if position_ids is None:
+            return self.cos[:T][None, None], self.sin[:T][None, None]            # (1, 1, T, hd)
+        return self.cos[position_ids].unsqueeze(1), self.sin[position_ids].unsqueeze(1)  # (B, 1, T, hd)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -202,12 +197,12 @@ class Llama(nn.Module):
 
     def hidden(self, input_ids, position_ids=None, segment_ids=None) -> torch.Tensor:
         B, T = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than model.max_seq_len ({self.cfg.max_seq_len})")
         mask = None
-        if segment_ids is not None and bool((segment_ids != segment_ids[:, :1]).any()):
-            mask = document_mask(segment_ids)
-        cos, sin = self.rotary(position_ids)
+        if segment_ids is not None and (torch.compiler.is_compiling() or bool((segment_ids != segment_ids[:, :1]).any())):
+            mask = document_mask(segment_ids)   # several documents in a row (eager: only then, else the fused causal kernel)
+        cos, sin = self.rotary(position_ids, T)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)

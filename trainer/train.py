@@ -535,10 +535,6 @@ class Trainer:
         eval_loss = None
         deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else None
         while self.step < stop:
-            if deadline is not None and self._time_is_up(deadline):
-                stop = self.step
-                self.save()
-                break
             m = self.train_step()
             steps_since += 1
             if m["skipped"] and self.guard.needs_rollback:
@@ -548,13 +544,14 @@ class Trainer:
                 if self._rollback():
                     self.metrics.rows.insert(-1, row)   # the skipped step, before the rollback event
                     continue
+            time_up = deadline is not None and self._time_is_up(deadline)
             m["tokens"] = self.step * tokens_per_step
             m["phase"] = self.batcher.phase_at(self.step - 1 + self.skip_steps).name
             if self.step % cfg.eval.every == 0 or self.step == max_steps:
                 eval_loss = self.evaluate()
                 m["eval_loss"] = eval_loss
                 m["eval_ppl"] = math.exp(min(eval_loss, 50))
-            if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop:
+            if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop or time_up:
                 now = time.perf_counter()
                 m["tokens_per_s"] = round(steps_since * tokens_per_step / max(1e-9, now - t_last), 1)
                 t_last, steps_since = now, 0
@@ -565,11 +562,17 @@ class Trainer:
                     self.metrics.flush()
                     if self.on_log:
                         self.on_log(m)
-            if self.step % cfg.checkpoint.every == 0 or self.step == stop:
+            if self.step % cfg.checkpoint.every == 0 or self.step == stop or time_up:
                 self.save()
+            if time_up:
+                break
         last_eval_step = max((r["step"] for r in self.metrics.rows if "eval_loss" in r), default=None)
         if last_eval_step != self.step and self.step > 0:
             eval_loss = self.evaluate()   # the summary always reports the held-out loss of the final weights
+            if self.metrics.rows and self.metrics.rows[-1].get("step") == self.step and "loss" in self.metrics.rows[-1]:
+                self.metrics.rows[-1].update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 50)))
+                if self.dist.main:
+                    self.metrics.flush()
         summary = self.finish(eval_loss, self.step < max_steps)
         return summary
 

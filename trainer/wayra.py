@@ -23,7 +23,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.nn as nn
@@ -54,6 +54,9 @@ class WayraArch(BaseModel):
     max_len: int = Field(192, ge=8, le=4096, description="student tokens of each document it reads")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     nll_feature: bool = Field(True, description="feed the student's own mean token NLL to the regression head")
+    tokenizer: Literal["own", "teacher"] = Field(
+        "own", description="own: a byte-level BPE trained on the distillation text; teacher: the teacher's tokenizer, "
+                           "with the student's embeddings initialised from the teacher's (PCA to d_model)")
 
 
 # ---- tokenizer --------------------------------------------------------------------------------
@@ -70,12 +73,37 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, max_chars: int = 4000
     return tok
 
 
-def encode(tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+def encode(tokenizer, texts: Sequence[str], max_len: int, bos: int | None = None) -> list[list[int]]:
     """BOS + the first `max_len - 1` pieces; character prefixes keep encoding fast for long documents."""
-    bos = tokenizer.token_to_id(BOS)
-    # ~1.5 chars a piece at worst for these vocabularies: enough characters to fill max_len pieces
+    bos = tokenizer.token_to_id(BOS) if bos is None else bos
+    # a piece is rarely more than 8 characters: enough characters to fill max_len pieces
     cut = max_len * 8
-    return [[bos] + e.ids[: max_len - 1] for e in tokenizer.encode_batch([(t or "")[:cut] for t in texts])]
+    return [[bos] + e.ids[: max_len - 1]
+            for e in tokenizer.encode_batch([(t or "")[:cut] for t in texts], add_special_tokens=False)]
+
+
+def teacher_tokenizer(hf_tokenizer):
+    """A standalone copy of a HF fast tokenizer's `tokenizers.Tokenizer` (saved with the student), and
+    its BOS and pad ids."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    bos = hf_tokenizer.bos_token_id
+    pad = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else (hf_tokenizer.eos_token_id or 0)
+    return tok, int(bos if bos is not None else pad), int(pad)
+
+
+def pca_embeddings(weight: torch.Tensor, d: int, seed: int = 0) -> torch.Tensor:
+    """The teacher's input embeddings projected on their top-d principal directions, scaled to std 0.02."""
+    w = weight.detach().float()
+    w = w - w.mean(dim=0, keepdim=True)
+    torch.manual_seed(seed)
+    _, _, v = torch.pca_lowrank(w, q=min(d, w.shape[1]), center=False)
+    z = w @ v
+    if z.shape[1] < d:
+        z = torch.cat([z, torch.zeros(z.shape[0], d - z.shape[1])], dim=1)
+    return z * (0.02 / z.std().clamp(min=1e-8))
 
 
 # ---- model ------------------------------------------------------------------------------------
@@ -135,8 +163,8 @@ class WayraModel(nn.Module):
                               reduction="none").view(ids.shape[0], -1)
         return nll * mask[:, 1:]
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(standardised log-ppl prediction, LM loss sum, LM target count)."""
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, lm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(standardised log-ppl prediction, LM loss sum, LM target count); the LM loss only with `lm`."""
         h = self.hidden(ids)
         m = mask.to(h.dtype)
         n = m.sum(dim=1).clamp(min=1)
@@ -144,7 +172,7 @@ class WayraModel(nn.Module):
         feats = [pooled, torch.log(n).unsqueeze(-1) - 4.0]
         lm_sum = h.new_zeros(())
         lm_n = m[:, 1:].sum()
-        if self.arch.nll_feature or self.training:
+        if self.arch.nll_feature or lm:
             nll = self.token_nll(h, ids, m)
             lm_sum = nll.sum()
             if self.arch.nll_feature:
@@ -168,13 +196,15 @@ def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 # ---- the student: model + tokenizer + label scale ---------------------------------------------
 
 class WayraStudent:
-    def __init__(self, model: WayraModel, tokenizer, label_mean: float, label_std: float, meta: dict | None = None):
+    def __init__(self, model: WayraModel, tokenizer, label_mean: float, label_std: float, meta: dict | None = None,
+                 bos_id: int | None = None, pad_id: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.label_mean = label_mean
         self.label_std = label_std
         self.meta = meta or {}
-        self.pad_id = tokenizer.token_to_id(PAD)
+        self.bos_id = tokenizer.token_to_id(BOS) if bos_id is None else bos_id
+        self.pad_id = tokenizer.token_to_id(PAD) if pad_id is None else pad_id
         self.path: Path | None = None
 
     @property
@@ -185,7 +215,7 @@ class WayraStudent:
         return sum(p.numel() for p in self.model.parameters())
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode(self.tokenizer, texts, self.arch.max_len)
+        return encode(self.tokenizer, texts, self.arch.max_len, self.bos_id)
 
     def predict_log_ppl(self, texts: Sequence[str], batch_size: int = 32) -> list[float]:
         """Predicted teacher log-perplexity of each text (batches sorted by length)."""
@@ -222,7 +252,8 @@ class WayraStudent:
         with atomic_path(d / TOKENIZER_FILE) as tmp:
             self.tokenizer.save(str(tmp))
         cfg = {"format": FORMAT, "arch": self.arch.model_dump(), "label_mean": self.label_mean,
-               "label_std": self.label_std, "weights_sha256": sha256_file(d / WEIGHTS_FILE),
+               "label_std": self.label_std, "bos_id": self.bos_id, "pad_id": self.pad_id,
+               "weights_sha256": sha256_file(d / WEIGHTS_FILE),
                **self.meta, **(extra or {})}
         write_json_atomic(d / CONFIG_FILE, cfg)
         self.path = d
@@ -261,8 +292,10 @@ class WayraStudent:
             raise StudentError(f"student tokenizer {d / TOKENIZER_FILE} does not load: {str(e)[:200]}") from None
         if threads:
             torch.set_num_threads(threads)
-        meta = {k: v for k, v in cfg.items() if k not in ("format", "arch", "label_mean", "label_std", "weights_sha256")}
-        student = cls(model, tok, float(cfg["label_mean"]), float(cfg["label_std"]), meta)
+        meta = {k: v for k, v in cfg.items() if k not in ("format", "arch", "label_mean", "label_std", "weights_sha256",
+                                                          "bos_id", "pad_id")}
+        student = cls(model, tok, float(cfg["label_mean"]), float(cfg["label_std"]), meta,
+                      bos_id=cfg.get("bos_id"), pad_id=cfg.get("pad_id"))
         student.path = d
         model.eval()
         return student.quantize() if quantize else student
@@ -315,8 +348,11 @@ def _batches(items: list[int], size: int, rng: random.Random, lengths: list[int]
 
 
 def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, settings: DistillSettings,
-            unlabelled: Sequence[str] = (), log: Callable[[str], None] = print) -> tuple[WayraStudent, dict]:
-    """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics."""
+            unlabelled: Sequence[str] = (), log: Callable[[str], None] = print,
+            teacher_model=None) -> tuple[WayraStudent, dict]:
+    """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics.
+
+    `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`."""
     import numpy as np
     pairs = [(t, float(y)) for t, y in zip(texts, labels) if y is not None and not math.isnan(float(y))]
     if len(pairs) < 10:
@@ -331,34 +367,44 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
 
     t0 = time.perf_counter()
-    tokenizer = train_tokenizer([pairs[i][0] for i in train_idx] + list(unlabelled), arch.vocab_size)
-    arch = arch.model_copy(update={"vocab_size": tokenizer.get_vocab_size()})
-    seqs = encode(tokenizer, [p[0] for p in pairs], arch.max_len)
+    init = None
+    if arch.tokenizer == "teacher":
+        if teacher_model is None:
+            raise StudentError("student.tokenizer: teacher needs the teacher model")
+        tokenizer, bos_id, pad_id = teacher_tokenizer(teacher_model.tokenizer)
+        init = teacher_model.model.get_input_embeddings().weight
+    else:
+        tokenizer = train_tokenizer([pairs[i][0] for i in train_idx] + list(unlabelled), arch.vocab_size)
+        bos_id, pad_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(PAD)
+    arch = arch.model_copy(update={"vocab_size": max(tokenizer.get_vocab_size(), init.shape[0] if init is not None else 0)})
+    seqs = encode(tokenizer, [p[0] for p in pairs], arch.max_len, bos_id)
     y = np.array([p[1] for p in pairs], dtype=np.float64)
     mean, std = float(y[train_idx].mean()), float(y[train_idx].std() or 1.0)
     target = torch.tensor((y - mean) / std, dtype=torch.float32)
     lengths = [len(s) for s in seqs]
-    pad_id = tokenizer.token_to_id(PAD)
-
     model = WayraModel(arch)
-    student = WayraStudent(model, tokenizer, mean, std)
+    if init is not None:
+        with torch.no_grad():
+            model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
+    student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len) if unlabelled else seqs
+    lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len, bos_id) if unlabelled else seqs
     lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
     lm_lengths = [len(s) for s in lm_seqs]
     steps_per_epoch = math.ceil(len(train_idx) / settings.batch_size)
-    pre_steps = settings.pretrain_epochs * math.ceil(len(lm_items) / settings.batch_size)
+    pretrain_epochs = settings.pretrain_epochs if settings.lm_weight > 0 else 0
+    pre_steps = pretrain_epochs * math.ceil(len(lm_items) / settings.batch_size)
     total = pre_steps + settings.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=settings.lr, total_steps=total, pct_start=0.1)
     log(f"student: {student.n_params() / 1e6:.2f}M parameters, vocab {arch.vocab_size}, "
         f"{len(train_idx)} train / {len(val_idx)} validation documents, {len(lm_items)} LM documents")
 
-    for ep in range(settings.pretrain_epochs):
+    for ep in range(pretrain_epochs):
         model.train()
         tot = cnt = 0.0
         for b in _batches(lm_items, settings.batch_size, rng, lm_lengths):
             ids, mask = pad_batch([lm_seqs[i] for i in b], pad_id)
-            _, lm_sum, lm_n = model(ids, mask)
+            _, lm_sum, lm_n = model(ids, mask, lm=True)
             loss = lm_sum / lm_n.clamp(min=1)
             opt.zero_grad()
             loss.backward()
@@ -376,7 +422,7 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         reg_tot = lm_tot = lm_cnt = 0.0
         for b in _batches(train_idx, settings.batch_size, rng, lengths):
             ids, mask = pad_batch([seqs[i] for i in b], pad_id)
-            pred, lm_sum, lm_n = model(ids, mask)
+            pred, lm_sum, lm_n = model(ids, mask, lm=settings.lm_weight > 0)
             reg = F.mse_loss(pred, target[b])
             lm = lm_sum / lm_n.clamp(min=1)
             loss = reg + settings.lm_weight * lm
