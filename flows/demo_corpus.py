@@ -41,7 +41,7 @@ from flows import demo_sources as src
 from flows.demo_sources import Article, Block
 
 SEED = 20261122
-CORPUS_VERSION = 3                      # bump when the builder changes what it writes
+CORPUS_VERSION = 4                      # bump when the builder changes what it writes
 CRAWL_START = datetime(2026, 10, 5, 6, 0, 0)
 WARC_FILES = 3
 MANIFEST = "manifest.json"
@@ -52,6 +52,8 @@ JUNK_COUNTS = {
     "word_salad": 40, "benchmark_leak": 12, "binary_junk": 4, "empty": 6, "near_duplicate": 90,
     "exact_duplicate": 80, "malformed_json": 6, "invalid_utf8": 1, "missing_text": 2,
 }
+# Floors at small scales, so that a small build (tests) still gives dedup and decontam their cases.
+JUNK_MIN = {"near_duplicate": 6, "exact_duplicate": 6, "benchmark_leak": 4}
 JSONL_SHARE = 0.3                       # share of documents that go to the JSONL dumps
 
 
@@ -145,7 +147,7 @@ class DocumentPlan:
         self.rng = random.Random(seed)
 
     def n(self, kind: str) -> int:
-        return max(1, round(JUNK_COUNTS[kind] * self.scale))
+        return max(JUNK_MIN.get(kind, 1), round(JUNK_COUNTS[kind] * self.scale))
 
     def take(self, items: list, fraction: float | None = None) -> list:
         k = max(1, round(len(items) * (self.scale if fraction is None else fraction)))

@@ -54,6 +54,7 @@ class DistillTrain(BaseModel):
     max_seconds: float | None = Field(None, gt=0, description="training time budget (checked between epochs)")
     seed: int = 0
     threads: int | None = Field(None, ge=1, le=256)
+    freeze_embeddings: bool = Field(False, description="keep the (teacher-initialised) token embeddings fixed")
 
 
 class PplConfig(BaseModel):
@@ -186,7 +187,8 @@ def ppl_distill(config: PplConfig) -> dict:
         t = config.train
         settings = DistillSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                                    lm_weight=t.lm_weight, pretrain_epochs=t.pretrain_epochs, val_fraction=t.val_fraction,
-                                   patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads)
+                                   patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads,
+                                   freeze_embeddings=t.freeze_embeddings)
         student, metrics = distill([d["text"] for d in sample], labels, config.student, settings,
                                    unlabelled=[d["text"] for d in rest], log=print,
                                    teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_two_builds_give_the_same_bytes(small_corpus, tmp_path):
 def test_a_built_corpus_is_reused_and_a_damaged_one_rebuilt(small_corpus, tmp_path):
     assert built_corpus(small_corpus, scale=SMALL) is not None
     assert built_corpus(small_corpus, scale=0.5) is None          # another size is another corpus
-    build_demo_corpus(tmp_path, scale=SMALL)
+    shutil.copytree(small_corpus, tmp_path, dirs_exist_ok=True)
     files, built = ensure_demo_corpus(tmp_path, scale=SMALL)
     assert not built
     files[0].write_bytes(files[0].read_bytes()[:-100])               # truncated: rebuilt, not trusted
@@ -186,7 +187,7 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
 
     # the corpus and the curate flow only: the model steps (quality-train, ppl-distill, train) have
     # their own tests, and the stages that need their models stay off in configs/curate/demo.yaml
-    ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=0.15)
+    ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=SMALL)
     assert run_demo(ctx, only=["build-corpus", "curate"]) == 0
     out = capsys.readouterr().out
     run = json.loads((tmp_path / "run" / "run.json").read_text())

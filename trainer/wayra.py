@@ -316,6 +316,7 @@ class DistillSettings:
     max_seconds: float | None = None       # training time budget (stops between epochs)
     seed: int = 0
     threads: int | None = None
+    freeze_embeddings: bool = False        # keep teacher-initialised embeddings fixed (few labels: less overfitting)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -387,7 +388,10 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         with torch.no_grad():
             model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
     student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if settings.freeze_embeddings:
+        model.tok.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr,
+                            weight_decay=settings.weight_decay)
     lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len, bos_id) if unlabelled else seqs
     lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
     lm_lengths = [len(s) for s in lm_seqs]
