@@ -1,5 +1,5 @@
 """Fault injection across the pipeline (issue 9): config fuzz, disk full, read-only output,
-transient task failures. Kill-and-resume cases live with each stage's tests and in test_curate_e2e.
+transient task failures. The bad-input corpus and SIGKILL-and-resume cases are in test_fault_suite.py.
 See tests/FAULTS.md for the table of faults and what each test checks."""
 from __future__ import annotations
 
