@@ -78,7 +78,7 @@ def base_config(output: Path, **over) -> dict:
         node = cfg
         parts = k.split(".")
         for p in parts[:-1]:
-            node = node[p]
+            node = node.setdefault(p, {})
         node[parts[-1]] = v
     return cfg
 
@@ -316,21 +316,23 @@ def test_export_matches_transformers(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(prepared, tmp_path):
-    """Same global batch on 1 and 2 gloo processes: same loss curve within 1e-4 relative."""
+    """Same global batch on 1 and 2 gloo processes (DDP and FSDP2): same loss curve within 1e-4 relative."""
     cfg_path = tmp_path / "cfg.json"   # JSON is YAML
     over = {"train.max_steps": 20, "eval.every": 100, "checkpoint.every": 100, "train.batch_size": 4, "train.micro_batch": 2}
     curves = {}
-    for n in (1, 2):
-        run = new_run(prepared, tmp_path, f"ddp{n}")
-        cfg_path.write_text(json.dumps(base_config(run, **over)))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29500 + n + os.getpid() % 1000),
-               "-m", "flows.train_dist", str(cfg_path)]
+    for i, (n, strategy) in enumerate(((1, "ddp"), (2, "ddp"), (2, "fsdp"))):
+        run = new_run(prepared, tmp_path, f"{strategy}{n}")
+        cfg_path.write_text(json.dumps(base_config(run, **over, **{"distributed.strategy": strategy})))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+               "--master_port", str(29500 + 10 * i + os.getpid() % 1000), "-m", "flows.train_dist", str(cfg_path)]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 0, r.stderr[-3000:]
-        curves[n] = losses(run)
-    assert len(curves[1]) == len(curves[2]) == 20
-    np.testing.assert_allclose(curves[2], curves[1], rtol=1e-4)
+        curves[(n, strategy)] = losses(run)
+    base = curves[(1, "ddp")]
+    assert len(base) == 20
+    np.testing.assert_allclose(curves[(2, "ddp")], base, rtol=1e-4)
+    np.testing.assert_allclose(curves[(2, "fsdp")], base, rtol=1e-4)   # FSDP2 (fully_shard) as well
 
 
 # ---- command line ------------------------------------------------------------------------------------
