@@ -89,7 +89,7 @@ class DedupConfig(StageConfig):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data):
-        if isinstance(data, dict) and data.get("preset") in PRESETS:
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
             data = {**PRESETS[data["preset"]], **data}
         return data
 

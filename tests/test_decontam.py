@@ -155,7 +155,7 @@ def test_bad_benchmarks_fail_naming_file_and_field(tmp_path, shared_data):
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\n\n")
     assert "no records" in err({"path": str(blank), "fields": ["question"]})
-    gsm = shared_data / "benchmarks" / "gsm8k_test.jsonl"
+    gsm = (shared_data / "benchmarks" / "gsm8k_test.jsonl").resolve()  # messages name the resolved path
     msg = err({"path": str(gsm), "fields": ["question", "answer"]})  # the shared copy calls it `text`
     assert str(gsm) in msg and "'question'" in msg and "record 1" in msg
     msg = err({"path": str(gsm), "fields": ["text"], "id_field": "task_id"})
