@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from catalog.files import write_json_atomic
 from flows.cli import UserError
@@ -55,6 +55,7 @@ class DistillTrain(BaseModel):
     seed: int = 0
     threads: int | None = Field(None, ge=1, le=256)
     freeze_embeddings: bool = Field(False, description="keep the (teacher-initialised) token embeddings fixed")
+    doc_weight: float = Field(1.0, ge=0, description="student.head: token — weight of the document-mean loss next to the per-token loss")
 
 
 class PplConfig(BaseModel):
@@ -78,6 +79,14 @@ class PplConfig(BaseModel):
     @classmethod
     def _one_or_many(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _token_head_reads_what_the_teacher_scored(self):
+        # checked here, not after an hour of labelling
+        if self.student.head == "token" and self.student.max_len != self.teacher.max_tokens + 1:
+            raise ValueError(f"student.max_len: {self.student.max_len}, expected teacher.max_tokens + 1 = "
+                             f"{self.teacher.max_tokens + 1} with student.head: token (BOS + the tokens the teacher scores)")
+        return self
 
 
 class KenLMTrainConfig(BaseModel):
@@ -138,8 +147,9 @@ def load_teacher(cfg: TeacherConfig):
 
 # ---- flows ------------------------------------------------------------------------------------
 
-def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[dict], list[dict], list[float], dict]:
-    """(labelled sample, unlabelled LM docs, labels, stats); teacher loaded before documents are read."""
+def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[dict], list[dict], list[float], list | None, dict]:
+    """(labelled sample, unlabelled LM docs, labels, per-token labels, stats); the teacher is loaded
+    before documents are read. Per-token labels only for a student that reads the teacher's tokens."""
     from trainer.teacher import LabelCache
     teacher = load_teacher(config.teacher)
     if keep_teacher is not None:
@@ -158,19 +168,20 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
     rest = seeded_sample(list(unique.values()), config.lm_docs, config.seed)
     print(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
           f"{len(sample)} of {len(docs)} documents to label")
-    labels, stats = LabelCache(teacher).label([d["text"] for d in sample], log=print)
+    token_level = config.student.head == "token"
+    labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=print, tokens=token_level)
     stats["teacher"] = str(teacher.path)
     stats["teacher_fingerprint"] = teacher.fingerprint
     if config.labels_out:
         from catalog.files import write_bytes_atomic
         lines = "".join(json.dumps({"id": d["id"], "lang": d["lang"], "log_ppl": y}) + "\n" for d, y in zip(sample, labels))
         write_bytes_atomic(config.labels_out, lines.encode())
-    return sample, rest, labels, stats
+    return sample, rest, labels, (token_labels[0] if token_labels else None), stats
 
 
 @flow(name="ppl-label", log_prints=True, persist_result=False)
 def ppl_label(config: PplConfig) -> dict:
-    sample, _, labels, stats = _label(config)
+    sample, _, labels, _, stats = _label(config)
     ok = [y for y in labels if not math.isnan(y)]
     stats["mean_log_ppl"] = round(sum(ok) / len(ok), 4) if ok else None
     return stats
@@ -183,15 +194,16 @@ def ppl_distill(config: PplConfig) -> dict:
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))
     try:
         holder: dict = {}
-        sample, rest, labels, label_stats = _label(config, holder)
+        sample, rest, labels, token_labels, label_stats = _label(config, holder)
         t = config.train
         settings = DistillSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                                    lm_weight=t.lm_weight, pretrain_epochs=t.pretrain_epochs, val_fraction=t.val_fraction,
                                    patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads,
-                                   freeze_embeddings=t.freeze_embeddings)
+                                   freeze_embeddings=t.freeze_embeddings, doc_weight=t.doc_weight)
         student, metrics = distill([d["text"] for d in sample], labels, config.student, settings,
                                    unlabelled=[d["text"] for d in rest], log=print,
-                                   teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None)
+                                   teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None,
+                                   token_labels=token_labels)
         meta = {"teacher": label_stats["teacher"], "teacher_fingerprint": label_stats["teacher_fingerprint"],
                 "teacher_max_tokens": config.teacher.max_tokens, "metrics": {k: v for k, v in metrics.items() if k != "history"}}
         cfg = student.save(config.output, meta)

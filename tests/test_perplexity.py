@@ -175,6 +175,50 @@ def test_student_with_the_teachers_tokenizer_and_embeddings(tmp_path, tiny_teach
     assert WayraStudent.load(tmp_path / "s").predict_log_ppl(texts[:5]) == student.predict_log_ppl(texts[:5])
 
 
+def test_label_cache_keeps_per_token_nlls(tiny_teacher_dir):
+    from trainer.teacher import LabelCache, Teacher, TeacherSettings
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=24, batch_size=4, bf16=False))
+    texts = noisy_texts(6, seed=21)[0]
+    cache = LabelCache(teacher, namespace="test-token-labels")
+    means, stats, tokens = cache.label(texts, tokens=True)
+    assert stats["computed"] == 6
+    for text, m, per_token in zip(texts, means, tokens):
+        # one NLL per token after BOS, and their mean is the document's label
+        assert len(per_token) == len(teacher.encode([text])[0]) - 1
+        assert sum(per_token) / len(per_token) == pytest.approx(m, abs=1e-3)
+    again = cache.label(texts, tokens=True)
+    assert again[1]["computed"] == 0 and again[2] == tokens
+
+
+def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
+    """head: token trains on per-token targets; its document value is their mean, in nats. The
+    targets are known (high on random-letter pieces, low on words) because a random teacher's NLLs
+    barely vary: a student that learned nothing would fail here."""
+    from trainer.teacher import Teacher, TeacherSettings
+    from trainer.wayra import DistillSettings, StudentError, WayraArch, distill, spearman
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    texts = noisy_texts(200, seed=12)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    labels = [sum(t) / len(t) for t in tokens]
+    arch = WayraArch(tokenizer="teacher", head="token", d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=32,
+                     nll_feature=False)
+    student, metrics = distill(texts[:160], labels[:160], arch,
+                               DistillSettings(epochs=8, lm_weight=0.0, lr=3e-3, threads=1, patience=8),
+                               log=lambda m: None, teacher_model=teacher, token_labels=tokens[:160])
+    pred = student.predict_log_ppl(texts[160:])
+    assert spearman(pred, labels[160:]) > 0.8, metrics
+    # predictions are nats on the targets' scale, not standardised values
+    assert abs(sum(pred) / len(pred) - sum(labels[160:]) / 40) < 0.5
+    with pytest.raises(StudentError, match="max_len"):
+        distill(texts[:20], labels[:20], arch.model_copy(update={"max_len": 20}), DistillSettings(epochs=1),
+                log=lambda m: None, teacher_model=teacher, token_labels=tokens[:20])
+    with pytest.raises(StudentError, match="per-token"):
+        distill(texts[:20], labels[:20], arch, DistillSettings(epochs=1), log=lambda m: None, teacher_model=teacher)
+    with pytest.raises(ValueError, match="tokenizer: teacher"):
+        WayraArch(head="token", nll_feature=False)
+
+
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
     from trainer.wayra import StudentError, WayraStudent
@@ -348,6 +392,16 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
     # labels come from the cache the second time
     summary2 = ppl_distill(cfg)
     assert summary2["labels"]["computed"] == 0
+    # a token-head student needs per-token labels: computed once (the cached means alone are not enough)
+    token_cfg = cfg.model_copy(update={
+        "output": str(tmp_path / "token-student"), "lm_docs": 0,
+        "student": cfg.student.model_copy(update={"tokenizer": "teacher", "head": "token", "max_len": 33,
+                                                  "nll_feature": False}),
+        "train": cfg.train.model_copy(update={"lm_weight": 0.0, "pretrain_epochs": 0})})
+    token_summary = ppl_distill(token_cfg)
+    assert token_summary["labels"]["computed"] == 60 and ppl_distill(token_cfg)["labels"]["computed"] == 0
+    from trainer.wayra import WayraStudent
+    assert WayraStudent.load(tmp_path / "token-student").arch.head == "token"
 
 
 # ---- the real teacher ---------------------------------------------------------------------------

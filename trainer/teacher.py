@@ -8,7 +8,9 @@ full (batch x 512 x 49k) logits tensor costs gigabytes; bf16 autocast on CPU is 
 correlation of 0.9997 with fp32 (see ENVIRONMENT.md).
 
 Labels are cached in the catalog's kv table keyed by (teacher fingerprint, text hash, max_tokens),
-so the same document is never labelled twice by the same teacher.
+so the same document is never labelled twice by the same teacher. Besides the document's mean, the
+cache keeps every token's NLL (namespace `<labels>:tokens`): a student that reads the teacher's tokens learns
+from those, hundreds of targets per document instead of one (trainer/wayra.py).
 """
 from __future__ import annotations
 
@@ -122,10 +124,13 @@ class Teacher:
 
     def log_ppl(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[float]:
         """Mean token NLL (nats) of each text's first `max_tokens` tokens; NaN for an empty text."""
-        import torch
+        return [mean_nll(n) for n in self.token_nll(texts, progress)]
+
+    def token_nll(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[list[float]]:
+        """Each text's per-token NLLs (nats) of tokens 1..max_tokens after BOS; [] for an empty text."""
         encoded = self.encode(texts)
         order = sorted(range(len(texts)), key=lambda i: (len(encoded[i]), i))
-        result = [math.nan] * len(texts)
+        result: list[list[float]] = [[] for _ in texts]
         bs = self.settings.batch_size
         for start in range(0, len(order), bs):
             idx = order[start:start + bs]
@@ -136,7 +141,7 @@ class Teacher:
                 progress(len(idx))
         return result
 
-    def _score_batch(self, seqs: list[list[int]]) -> list[float]:
+    def _score_batch(self, seqs: list[list[int]]) -> list[list[float]]:
         import torch
         import torch.nn.functional as F
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -148,7 +153,7 @@ class Teacher:
             mask[r, :len(s)] = 1
         base = getattr(self.model, self.model.base_model_prefix)
         head = self.model.get_output_embeddings()
-        nll = torch.zeros(len(seqs), dtype=torch.float64)
+        nll = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
             hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state
             targets, tmask = ids[:, 1:], mask[:, 1:].bool()
@@ -158,17 +163,27 @@ class Teacher:
                 tgt = targets[:, p:p + c]
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                        reduction="none").view(tgt.shape)
-                nll += (loss * tmask[:, p:p + c]).sum(dim=1).double()
-        counts = tmask.sum(dim=1)
-        return [float(n / k) if k > 0 else math.nan for n, k in zip(nll.tolist(), counts.tolist())]
+                nll[:, p:p + c] = loss
+        return [nll[r, :len(s) - 1].tolist() for r, s in enumerate(seqs)]
+
+
+def mean_nll(token_nll: Sequence[float]) -> float:
+    """Log-perplexity from per-token NLLs (NaN when there is no token)."""
+    return math.fsum(token_nll) / len(token_nll) if len(token_nll) else math.nan
 
 
 class LabelCache:
-    """Teacher labels in the catalog kv table; `label` computes only what is missing."""
+    """Teacher labels in the catalog kv table; `label` computes only what is missing.
 
-    def __init__(self, teacher: Teacher, namespace: str = LABEL_NAMESPACE, flush_every: int = 64):
+    A computed document stores both its log-perplexity (`namespace`) and its per-token NLLs
+    (`token_namespace`, rounded to 1e-3 nats); `label(..., tokens=True)` also returns the latter and
+    recomputes documents whose mean alone was cached."""
+
+    def __init__(self, teacher: Teacher, namespace: str = LABEL_NAMESPACE, flush_every: int = 64,
+                 token_namespace: str | None = None):
         self.teacher = teacher
         self.namespace = namespace
+        self.token_namespace = token_namespace or f"{namespace}:tokens"
         self.flush_every = flush_every
 
     def get(self, texts: Sequence[str]) -> dict[str, float]:
@@ -176,14 +191,18 @@ class LabelCache:
         keys = [self.teacher.cache_key(t) for t in texts]
         return kv_get_many(self.namespace, sorted(set(keys)))
 
-    def label(self, texts: Sequence[str], log: Callable[[str], None] | None = None) -> tuple[list[float], dict]:
-        """Log-perplexities for `texts` (cached ones looked up, the rest computed and stored)."""
-        from catalog.registry import kv_put_many
+    def label(self, texts: Sequence[str], log: Callable[[str], None] | None = None,
+              tokens: bool = False) -> tuple[list[float], dict] | tuple[list[float], dict, list[list[float]]]:
+        """Log-perplexities for `texts` (cached ones looked up, the rest computed and stored); with
+        `tokens`, also each text's per-token NLLs."""
+        from catalog.registry import kv_get_many, kv_put_many
         keys = [self.teacher.cache_key(t) for t in texts]
         cached = self.get(texts)
+        token_cached = kv_get_many(self.token_namespace, sorted(set(keys))) if tokens else {}
+        have = token_cached if tokens else cached
         todo: dict[str, str] = {}
         for k, t in zip(keys, texts):
-            if k not in cached and k not in todo:
+            if k not in have and k not in todo:
                 todo[k] = t
         t0 = time.perf_counter()
         # length order across the whole set, not just within a group: batches with little padding
@@ -193,10 +212,13 @@ class LabelCache:
         done = 0
         for g in range(0, len(todo_keys), group):
             ks = todo_keys[g:g + group]
-            values = self.teacher.log_ppl([todo[k] for k in ks])
-            fresh = {k: (None if math.isnan(v) else v) for k, v in zip(ks, values)}
+            per_token = self.teacher.token_nll([todo[k] for k in ks])
+            fresh = {k: (None if not n else mean_nll(n)) for k, n in zip(ks, per_token)}
+            fresh_tokens = {k: [round(v, 3) for v in n] for k, n in zip(ks, per_token)}
+            kv_put_many(self.token_namespace, fresh_tokens)
             kv_put_many(self.namespace, fresh)
             cached.update(fresh)
+            token_cached.update(fresh_tokens)
             done += len(ks)
             if log:
                 rate = done / max(time.perf_counter() - t0, 1e-9)
@@ -206,6 +228,8 @@ class LabelCache:
         stats = {"documents": len(texts), "cached": len(texts) - len(todo_keys),
                  "computed": len(todo_keys), "seconds": round(seconds, 3),
                  "docs_per_s": round(len(todo_keys) / seconds, 3) if todo_keys and seconds > 0 else None}
+        if tokens:
+            return values, stats, [token_cached[k] for k in keys]
         return values, stats
 
 

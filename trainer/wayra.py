@@ -10,7 +10,12 @@ magnitude faster than the teacher:
   a next-token loss as an auxiliary task (predictability is what perplexity measures; the LM loss
   also uses the unlabelled text) plus a regression loss on the standardised teacher log-perplexity;
 - a regression head over the masked mean of the final states, the student's own mean token NLL (when
-  `nll_feature`), and the log of the token count.
+  `nll_feature`), and the log of the token count (`head: document`); or
+- `head: token` (with the teacher's tokenizer): a head on every position that predicts the NLL the
+  teacher gave that token, trained on the teacher's per-token NLLs. The document's log-perplexity is
+  the mean of those predictions, exactly as the teacher's is the mean of its token NLLs. A document
+  of 256 tokens then gives 256 targets instead of one, which is what makes a few thousand labelled
+  documents enough (bench/RESULTS.md: document head 0.61 Spearman, token head much higher).
 
 Saved as `model.safetensors` + `config.json` + `tokenizer.json`. Inference is batched with documents
 sorted by length (little padding); `quantize=True` applies int8 dynamic quantisation to the linear layers.
@@ -28,7 +33,7 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.files import atomic_path, sha256_file, write_json_atomic
 
@@ -57,6 +62,17 @@ class WayraArch(BaseModel):
     tokenizer: Literal["own", "teacher"] = Field(
         "own", description="own: a byte-level BPE trained on the distillation text; teacher: the teacher's tokenizer, "
                            "with the student's embeddings initialised from the teacher's (PCA to d_model)")
+    head: Literal["document", "token"] = Field(
+        "document", description="document: regression on the pooled states; token: predict each token's teacher NLL "
+                                "(needs tokenizer: teacher and max_len = teacher max_tokens + 1), the mean is the document's")
+
+    @model_validator(mode="after")
+    def _token_head_needs_teacher_tokens(self):
+        if self.head == "token" and self.tokenizer != "teacher":
+            raise ValueError("head: token needs tokenizer: teacher (targets are the teacher's per-token NLLs)")
+        if self.head == "token" and self.nll_feature:
+            raise ValueError("head: token does not use nll_feature; set nll_feature: false")
+        return self
 
 
 # ---- tokenizer --------------------------------------------------------------------------------
@@ -137,7 +153,7 @@ class WayraModel(nn.Module):
         self.pos = nn.Embedding(a.max_len, a.d_model)
         self.blocks = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.ln = nn.LayerNorm(a.d_model)
-        extra = 2 if a.nll_feature else 1
+        extra = 0 if a.head == "token" else (2 if a.nll_feature else 1)
         self.head = nn.Sequential(nn.Linear(a.d_model + extra, a.d_model), nn.GELU(), nn.Linear(a.d_model, 1))
         self.drop = nn.Dropout(a.dropout)
         self.apply(self._init)
@@ -163,10 +179,21 @@ class WayraModel(nn.Module):
                               reduction="none").view(ids.shape[0], -1)
         return nll * mask[:, 1:]
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, lm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(standardised log-ppl prediction, LM loss sum, LM target count); the LM loss only with `lm`."""
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, lm: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(standardised log-ppl prediction, LM loss sum, LM target count, per-position predictions or
+        None); the LM loss only with `lm`, per-position predictions only with `head: token`."""
         h = self.hidden(ids)
         m = mask.to(h.dtype)
+        if self.arch.head == "token":
+            per_token = self.head(h).squeeze(-1)
+            scored = m.clone()
+            scored[:, 0] = 0          # BOS: the teacher scores the tokens after it, not BOS itself
+            pred = (per_token * scored).sum(dim=1) / scored.sum(dim=1).clamp(min=1)
+            lm_sum, lm_n = h.new_zeros(()), m[:, 1:].sum()
+            if lm:
+                lm_sum = self.token_nll(h, ids, m).sum()
+            return pred, lm_sum, lm_n, per_token
         n = m.sum(dim=1).clamp(min=1)
         pooled = (h * m.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
         feats = [pooled, torch.log(n).unsqueeze(-1) - 4.0]
@@ -180,7 +207,7 @@ class WayraModel(nn.Module):
                 # the head sees the NLL but its gradient does not reshape the LM through it
                 feats.append(mean_nll.detach().unsqueeze(-1) - 5.0)
         pred = self.head(torch.cat(feats, dim=-1)).squeeze(-1)
-        return pred, lm_sum, lm_n
+        return pred, lm_sum, lm_n, None
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,7 +256,7 @@ class WayraStudent:
             for s in range(0, len(order), batch_size):
                 idx = order[s:s + batch_size]
                 ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id)
-                pred, _, _ = self.model(ids, mask)
+                pred, _, _, _ = self.model(ids, mask)
                 for i, v in zip(idx, pred.tolist()):
                     out[i] = v * self.label_std + self.label_mean
         return out
@@ -317,6 +344,7 @@ class DistillSettings:
     seed: int = 0
     threads: int | None = None
     freeze_embeddings: bool = False        # keep teacher-initialised embeddings fixed (few labels: less overfitting)
+    doc_weight: float = 1.0                # head: token — weight of the document-mean loss next to the per-token one
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -348,14 +376,47 @@ def _batches(items: list[int], size: int, rng: random.Random, lengths: list[int]
     return out
 
 
+def _align_token_targets(seqs: list[list[int]], token_targets: list[Sequence[float]]
+                         ) -> tuple[list[list[int]], list[Sequence[float]]]:
+    """Cut each student sequence and its teacher token NLLs to a common length: target i belongs to
+    the token at position i + 1 (after BOS). They differ only where the student's character-prefix
+    encoding ends a piece early; a document without targets keeps BOS + its first token."""
+    out_seqs, out_targets = [], []
+    for seq, tgt in zip(seqs, token_targets):
+        n = max(1, min(len(seq) - 1, len(tgt)))
+        out_seqs.append(seq[:n + 1])
+        out_targets.append(list(tgt[:n]) or [0.0])
+    return out_seqs, out_targets
+
+
+def pad_token_targets(targets: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch x width) targets at positions 1..n (position 0 is BOS), and their mask."""
+    z = torch.zeros((len(targets), width))
+    m = torch.zeros((len(targets), width))
+    for r, t in enumerate(targets):
+        z[r, 1:1 + len(t)] = t
+        m[r, 1:1 + len(t)] = 1
+    return z, m
+
+
 def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, settings: DistillSettings,
             unlabelled: Sequence[str] = (), log: Callable[[str], None] = print,
-            teacher_model=None) -> tuple[WayraStudent, dict]:
+            teacher_model=None, token_labels: Sequence[Sequence[float]] | None = None) -> tuple[WayraStudent, dict]:
     """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics.
 
-    `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`."""
+    `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`;
+    `token_labels` (each text's per-token teacher NLLs) with `arch.head == "token"`."""
     import numpy as np
-    pairs = [(t, float(y)) for t, y in zip(texts, labels) if y is not None and not math.isnan(float(y))]
+    if arch.head == "token":
+        if token_labels is None or len(token_labels) != len(texts):
+            raise StudentError("student.head: token needs the teacher's per-token NLLs for every labelled document")
+        if teacher_model is not None and arch.max_len != teacher_model.settings.max_tokens + 1:
+            raise StudentError(f"student.max_len {arch.max_len}: with head: token it must be the teacher's "
+                               f"max_tokens + 1 = {teacher_model.settings.max_tokens + 1} (the student reads what the teacher scored)")
+    else:
+        token_labels = [()] * len(texts)
+    pairs = [(t, float(y), tl) for t, y, tl in zip(texts, labels, token_labels)
+             if y is not None and not math.isnan(float(y))]
     if len(pairs) < 10:
         raise StudentError(f"distillation needs at least 10 labelled documents, got {len(pairs)}")
     torch.manual_seed(settings.seed)
@@ -380,8 +441,18 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     arch = arch.model_copy(update={"vocab_size": max(tokenizer.get_vocab_size(), init.shape[0] if init is not None else 0)})
     seqs = encode(tokenizer, [p[0] for p in pairs], arch.max_len, bos_id)
     y = np.array([p[1] for p in pairs], dtype=np.float64)
-    mean, std = float(y[train_idx].mean()), float(y[train_idx].std() or 1.0)
-    target = torch.tensor((y - mean) / std, dtype=torch.float32)
+    if arch.head == "token":
+        # standardise by the token NLL distribution: the document value is a mean of token values,
+        # so one affine scale serves both (prediction * std + mean is nats either way)
+        seqs, token_targets = _align_token_targets(seqs, [p[2] for p in pairs])
+        flat = np.concatenate([np.asarray(token_targets[i], dtype=np.float64) for i in train_idx])
+        mean, std = float(flat.mean()), float(flat.std() or 1.0)
+        token_z = [torch.tensor((np.asarray(t, dtype=np.float64) - mean) / std, dtype=torch.float32) for t in token_targets]
+        target = torch.stack([z.mean() for z in token_z])
+        doc_var = float(target[train_idx].var().clamp(min=1e-6))
+    else:
+        mean, std = float(y[train_idx].mean()), float(y[train_idx].std() or 1.0)
+        target = torch.tensor((y - mean) / std, dtype=torch.float32)
     lengths = [len(s) for s in seqs]
     model = WayraModel(arch)
     if init is not None:
@@ -408,7 +479,7 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         tot = cnt = 0.0
         for b in _batches(lm_items, settings.batch_size, rng, lm_lengths):
             ids, mask = pad_batch([lm_seqs[i] for i in b], pad_id)
-            _, lm_sum, lm_n = model(ids, mask, lm=True)
+            _, lm_sum, lm_n, _ = model(ids, mask, lm=True)
             loss = lm_sum / lm_n.clamp(min=1)
             opt.zero_grad()
             loss.backward()
@@ -426,8 +497,13 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         reg_tot = lm_tot = lm_cnt = 0.0
         for b in _batches(train_idx, settings.batch_size, rng, lengths):
             ids, mask = pad_batch([seqs[i] for i in b], pad_id)
-            pred, lm_sum, lm_n = model(ids, mask, lm=settings.lm_weight > 0)
+            pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
             reg = F.mse_loss(pred, target[b])
+            if per_token is not None:
+                tz, tmask = pad_token_targets([token_z[i] for i in b], ids.shape[1])
+                token_mse = ((per_token - tz) ** 2 * tmask).sum() / tmask.sum().clamp(min=1)
+                reg_doc = reg
+                reg = token_mse + settings.doc_weight * reg_doc / doc_var
             lm = lm_sum / lm_n.clamp(min=1)
             loss = reg + settings.lm_weight * lm
             opt.zero_grad()
