@@ -188,6 +188,11 @@ def test_label_cache_keeps_per_token_nlls(tiny_teacher_dir):
         assert sum(per_token) / len(per_token) == pytest.approx(m, abs=1e-3)
     again = cache.label(texts, tokens=True)
     assert again[1]["computed"] == 0 and again[2] == tokens
+    # a cache that holds only the means (no per-token entries) recomputes those documents
+    means_only = LabelCache(teacher, namespace="test-token-labels", token_namespace="test-token-labels:empty")
+    assert means_only.label(texts)[1]["computed"] == 0
+    redo = means_only.label(texts, tokens=True)
+    assert redo[1]["computed"] == 6 and redo[2] == tokens
 
 
 def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
@@ -392,14 +397,14 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
     # labels come from the cache the second time
     summary2 = ppl_distill(cfg)
     assert summary2["labels"]["computed"] == 0
-    # a token-head student needs per-token labels: computed once (the cached means alone are not enough)
+    # a token-head student needs per-token labels: the first run cached them beside the means
     token_cfg = cfg.model_copy(update={
         "output": str(tmp_path / "token-student"), "lm_docs": 0,
         "student": cfg.student.model_copy(update={"tokenizer": "teacher", "head": "token", "max_len": 33,
                                                   "nll_feature": False}),
         "train": cfg.train.model_copy(update={"lm_weight": 0.0, "pretrain_epochs": 0})})
     token_summary = ppl_distill(token_cfg)
-    assert token_summary["labels"]["computed"] == 60 and ppl_distill(token_cfg)["labels"]["computed"] == 0
+    assert token_summary["labels"]["computed"] == 0 and token_summary["labels"]["cached"] == 60
     from trainer.wayra import WayraStudent
     assert WayraStudent.load(tmp_path / "token-student").arch.head == "token"
 
