@@ -2,7 +2,8 @@
 
 Deterministic: per source file, documents in en/es/pt are ordered by a hash of their id; the first
 `--heldout-per-file` (at most a fifth of the file) go to heldout.jsonl, the next `--train-per-file`
-to train.jsonl (disjoint, same sources). Written under bench/out/ppl/ (gitignored); the shared data is never copied into the repo.
+to train.jsonl (disjoint, same sources). Written under bench/out/ppl/ (gitignored); the shared data
+is never copied into the repo.
 """
 from __future__ import annotations
 

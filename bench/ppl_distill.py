@@ -3,7 +3,7 @@
 Runs, in order (each step is a plain `quipu` command, printed before it runs):
   1. python bench/ppl_data.py                         train.jsonl / heldout.jsonl from ../shared/data/text
      quipu ppl label over both (per-token teacher NLLs, cached in the catalog: a rerun computes
-     nothing; ~40 min for the 10,308 documents, 256 tokens each, on an idle 2-core machine)
+     nothing; ~40 min for the 10,304 documents, 256 tokens each, on an idle 2-core machine)
   2. quipu ppl distill configs/ppl/smollm2-shared.yaml   student on train.jsonl (labels from the cache)
   3. quipu kenlm train configs/kenlm/shared-text.yaml    (skipped with a notice without `make kenlm`)
   4. quipu ppl eval --student … --input bench/out/ppl/heldout.jsonl --max-tokens 256 [--kenlm …]
