@@ -56,6 +56,8 @@ class DistillTrain(BaseModel):
     threads: int | None = Field(None, ge=1, le=256)
     freeze_embeddings: bool = Field(False, description="keep the (teacher-initialised) token embeddings fixed")
     doc_weight: float = Field(1.0, ge=0, description="student.head: token — weight of the document-mean loss next to the per-token loss")
+    body_lr: float | None = Field(None, gt=0, le=1, description="student.body: teacher — peak learning rate of the "
+                                                                "teacher's layers (None: lr, which the head gets)")
 
 
 class PplConfig(BaseModel):
@@ -86,6 +88,9 @@ class PplConfig(BaseModel):
         if self.student.head == "token" and self.student.max_len != self.teacher.max_tokens + 1:
             raise ValueError(f"student.max_len: {self.student.max_len}, expected teacher.max_tokens + 1 = "
                              f"{self.teacher.max_tokens + 1} with student.head: token (BOS + the tokens the teacher scores)")
+        if self.student.body == "teacher" and self.train.lm_weight > 0:
+            raise ValueError(f"train.lm_weight: {self.train.lm_weight}, expected 0 with student.body: teacher "
+                             "(the student keeps no next-token output)")
         return self
 
 
@@ -199,7 +204,8 @@ def ppl_distill(config: PplConfig) -> dict:
         settings = DistillSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
                                    lm_weight=t.lm_weight, pretrain_epochs=t.pretrain_epochs, val_fraction=t.val_fraction,
                                    patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads,
-                                   freeze_embeddings=t.freeze_embeddings, doc_weight=t.doc_weight)
+                                   freeze_embeddings=t.freeze_embeddings, doc_weight=t.doc_weight,
+                                   body_lr=t.body_lr)
         student, metrics = distill([d["text"] for d in sample], labels, config.student, settings,
                                    unlabelled=[d["text"] for d in rest], log=print,
                                    teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None,

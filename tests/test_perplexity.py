@@ -224,6 +224,57 @@ def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
         WayraArch(head="token", nll_feature=False)
 
 
+def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
+    """body: teacher starts from the teacher's embeddings and first decoder layers, learns per-token
+    targets on top, and saves a student that loads (and int8-quantises) without the teacher."""
+    import torch
+    from trainer.teacher import Teacher, TeacherSettings
+    from trainer.wayra import (DistillSettings, StudentError, WayraArch, WayraStudent, distill, load_teacher_layers,
+                               spearman, teacher_body)
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    tcfg = json.loads(teacher.model.config.to_json_string(use_diff=False))
+    arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, d_model=32, max_len=32,
+                     nll_feature=False, bf16=True)
+
+    # the copy: the teacher's embeddings and layer 0 exactly, one layer only
+    body = teacher_body(arch.model_copy(update={"teacher_config": tcfg}))
+    load_teacher_layers(body, teacher.model, 1)
+    theirs = teacher.model.model.state_dict()
+    assert len(body.layers) == 1
+    assert all(torch.equal(v, theirs[k]) for k, v in body.state_dict().items())
+
+    texts = noisy_texts(200, seed=12)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    labels = [sum(t) / len(t) for t in tokens]
+    settings = DistillSettings(epochs=8, lm_weight=0.0, lr=3e-3, body_lr=1e-3, threads=1, patience=8)
+    student, metrics = distill(texts[:160], labels[:160], arch, settings, log=lambda m: None, teacher_model=teacher,
+                               token_labels=tokens[:160])
+    pred = student.predict_log_ppl(texts[160:])
+    assert spearman(pred, labels[160:]) > 0.8, metrics
+    # embeddings stay the teacher's (frozen); the layer was fine-tuned; only head + layer were trained
+    assert torch.equal(student.model.body.embed_tokens.weight, theirs["embed_tokens.weight"])
+    assert not torch.equal(student.model.body.layers[0].mlp.up_proj.weight, theirs["layers.0.mlp.up_proj.weight"])
+    assert metrics["trained_params"] < metrics["params"] - theirs["embed_tokens.weight"].numel() + 1
+
+    student.save(tmp_path / "s")
+    loaded = WayraStudent.load(tmp_path / "s")
+    assert loaded.arch.teacher_config["model_type"] == "llama" and loaded.arch.teacher_layers == 1
+    assert loaded.predict_log_ppl(texts[160:], batch_size=7) == pytest.approx(pred, abs=1e-6)
+    assert WayraStudent.load(tmp_path / "s", quantize=True).predict_log_ppl(texts[160:]) == pytest.approx(pred, abs=0.3)
+
+    with pytest.raises(StudentError, match="only 2 layers"):
+        distill(texts[:20], labels[:20], arch.model_copy(update={"teacher_layers": 3}), settings,
+                log=lambda m: None, teacher_model=teacher, token_labels=tokens[:20])
+    with pytest.raises(StudentError, match="lm_weight"):
+        distill(texts[:20], labels[:20], arch, DistillSettings(epochs=1, lm_weight=0.3), log=lambda m: None,
+                teacher_model=teacher, token_labels=tokens[:20])
+    with pytest.raises(ValueError, match="body: teacher needs tokenizer: teacher"):
+        WayraArch(body="teacher", nll_feature=False)
+    with pytest.raises(StudentError, match="teacher_config"):
+        teacher_body(arch)          # no teacher config: nothing to build the body from
+
+
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
     from trainer.wayra import StudentError, WayraStudent

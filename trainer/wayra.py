@@ -1,8 +1,9 @@
 """Wayra-style student: a small causal transformer that predicts a teacher LLM's log-perplexity.
 
 WayraPPL (LatamGPT, NeurIPS 2025) distils a 1B Llama teacher's per-document perplexity into a 55M
-transformer. Ours is much smaller (a few million parameters) so that CPU inference is two orders of
-magnitude faster than the teacher:
+transformer. Ours must run at least 20x faster than the teacher on a CPU. Two bodies:
+
+`body: own`, a few million parameters trained from scratch:
 
 - its own byte-level BPE tokenizer (HF `tokenizers`, a few thousand pieces, trained on the distillation
   text): small embeddings, and en/es/pt are split as evenly as English;
@@ -16,6 +17,14 @@ magnitude faster than the teacher:
   the mean of those predictions, exactly as the teacher's is the mean of its token NLLs. A document
   of 256 tokens then gives 256 targets instead of one, which is what makes a few thousand labelled
   documents enough (bench/RESULTS.md: document head 0.61 Spearman, token head much higher).
+
+`body: teacher` is not built from scratch: it keeps the teacher's token embeddings
+and its first `teacher_layers` decoder layers (a Llama's RMSNorm/RoPE/GQA/SwiGLU blocks, rebuilt from
+the teacher's saved HF config) and puts the per-token head on top; the layers are fine-tuned, the
+embeddings stay frozen. Those first layers already encode what a from-scratch student has to learn
+from a few thousand documents (bench/RESULTS.md: held-out Spearman 0.81 from scratch, higher with two
+teacher layers), and dropping the remaining layers and the vocabulary projection is what makes it
+fast. `bf16` runs training and inference under CPU bf16 autocast.
 
 Saved as `model.safetensors` + `config.json` + `tokenizer.json`. Inference is batched with documents
 sorted by length (little padding); `quantize=True` applies int8 dynamic quantisation to the linear layers.
@@ -65,6 +74,14 @@ class WayraArch(BaseModel):
     head: Literal["document", "token"] = Field(
         "document", description="document: regression on the pooled states; token: predict each token's teacher NLL "
                                 "(needs tokenizer: teacher and max_len = teacher max_tokens + 1), the mean is the document's")
+    body: Literal["own", "teacher"] = Field(
+        "own", description="own: a small transformer of d_model x n_layers trained from scratch; teacher: the teacher's "
+                           "embeddings and first teacher_layers decoder layers, fine-tuned (needs tokenizer: teacher)")
+    teacher_layers: int = Field(2, ge=1, le=128, description="body: teacher — how many of the teacher's first layers")
+    teacher_config: dict | None = Field(
+        None, description="body: teacher — the teacher's HF config, written by distillation so that the student "
+                          "loads without the teacher")
+    bf16: bool = Field(False, description="bf16 autocast on CPU in training and inference")
 
     @model_validator(mode="after")
     def _token_head_needs_teacher_tokens(self):
@@ -72,6 +89,10 @@ class WayraArch(BaseModel):
             raise ValueError("head: token needs tokenizer: teacher (targets are the teacher's per-token NLLs)")
         if self.head == "token" and self.nll_feature:
             raise ValueError("head: token does not use nll_feature; set nll_feature: false")
+        if self.body == "teacher" and self.tokenizer != "teacher":
+            raise ValueError("body: teacher needs tokenizer: teacher (the layers read the teacher's token ids)")
+        if self.body == "teacher" and self.nll_feature:
+            raise ValueError("body: teacher has no next-token output; set nll_feature: false")
         return self
 
 
@@ -124,6 +145,37 @@ def pca_embeddings(weight: torch.Tensor, d: int, seed: int = 0) -> torch.Tensor:
 
 # ---- model ------------------------------------------------------------------------------------
 
+def teacher_body(a: WayraArch) -> nn.Module:
+    """The teacher's base model (no LM head) cut to its first `a.teacher_layers` layers, randomly
+    initialised; `load_teacher_layers` or the student's saved weights fill it."""
+    from transformers import AutoConfig, AutoModel
+    if not a.teacher_config or "model_type" not in a.teacher_config:
+        raise StudentError("body: teacher needs teacher_config (the teacher's HF config with its model_type)")
+    cfg = {k: v for k, v in a.teacher_config.items() if k != "model_type"}
+    cfg["num_hidden_layers"] = a.teacher_layers
+    if isinstance(cfg.get("layer_types"), list):       # per-layer attention kinds (some architectures)
+        cfg["layer_types"] = cfg["layer_types"][:a.teacher_layers]
+    try:
+        config = AutoConfig.for_model(a.teacher_config["model_type"], **cfg)
+        return AutoModel.from_config(config)
+    except Exception as e:
+        raise StudentError(f"body: teacher: cannot build a {a.teacher_config['model_type']!r} model from "
+                           f"teacher_config: {str(e)[:300]}") from None
+
+
+def load_teacher_layers(body: nn.Module, teacher_lm: nn.Module, n_layers: int) -> None:
+    """Copy the teacher's embeddings, first `n_layers` decoder layers and final norm into `body`."""
+    import re
+    base = getattr(teacher_lm, teacher_lm.base_model_prefix)
+    layer = re.compile(r"^layers\.(\d+)\.")
+    state = {k: v for k, v in base.state_dict().items()
+             if not (m := layer.match(k)) or int(m.group(1)) < n_layers}
+    try:
+        body.load_state_dict(state, strict=True)
+    except Exception as e:
+        raise StudentError(f"the teacher's first {n_layers} layers do not fit the student body: {str(e)[:300]}") from None
+
+
 class Block(nn.Module):
     def __init__(self, a: WayraArch):
         super().__init__()
@@ -146,16 +198,22 @@ class Block(nn.Module):
 class WayraModel(nn.Module):
     def __init__(self, a: WayraArch):
         super().__init__()
+        self.arch = a
+        self.drop = nn.Dropout(a.dropout)
+        extra = 0 if a.head == "token" else (2 if a.nll_feature else 1)
+        if a.body == "teacher":
+            self.body = teacher_body(a)
+            width = self.body.config.hidden_size
+            self.head = nn.Sequential(nn.Linear(width + extra, a.d_model), nn.GELU(), nn.Linear(a.d_model, 1))
+            self.head.apply(self._init)
+            return
         if a.d_model % a.n_heads:
             raise StudentError(f"d_model {a.d_model} is not a multiple of n_heads {a.n_heads}")
-        self.arch = a
         self.tok = nn.Embedding(a.vocab_size, a.d_model)
         self.pos = nn.Embedding(a.max_len, a.d_model)
         self.blocks = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.ln = nn.LayerNorm(a.d_model)
-        extra = 0 if a.head == "token" else (2 if a.nll_feature else 1)
         self.head = nn.Sequential(nn.Linear(a.d_model + extra, a.d_model), nn.GELU(), nn.Linear(a.d_model, 1))
-        self.drop = nn.Dropout(a.dropout)
         self.apply(self._init)
 
     @staticmethod
@@ -165,7 +223,13 @@ class WayraModel(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+    def precision(self):
+        """The autocast context of training and inference: bf16 when `arch.bf16`."""
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.arch.bf16)
+
+    def hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.arch.body == "teacher":
+            return self.body(input_ids=ids, attention_mask=mask).last_hidden_state
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.drop(self.tok(ids) + self.pos(pos))
         for blk in self.blocks:
@@ -183,10 +247,10 @@ class WayraModel(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(standardised log-ppl prediction, LM loss sum, LM target count, per-position predictions or
         None); the LM loss only with `lm`, per-position predictions only with `head: token`."""
-        h = self.hidden(ids)
-        m = mask.to(h.dtype)
+        h = self.hidden(ids, mask)
+        m = mask.to(torch.float32)      # sums over a document stay fp32 under bf16 autocast
         if self.arch.head == "token":
-            per_token = self.head(h).squeeze(-1)
+            per_token = self.head(h).squeeze(-1).float()
             scored = m.clone()
             scored[:, 0] = 0          # BOS: the teacher scores the tokens after it, not BOS itself
             pred = (per_token * scored).sum(dim=1) / scored.sum(dim=1).clamp(min=1)
@@ -195,7 +259,7 @@ class WayraModel(nn.Module):
                 lm_sum = self.token_nll(h, ids, m).sum()
             return pred, lm_sum, lm_n, per_token
         n = m.sum(dim=1).clamp(min=1)
-        pooled = (h * m.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
+        pooled = (h.float() * m.unsqueeze(-1)).sum(dim=1) / n.unsqueeze(-1)
         feats = [pooled, torch.log(n).unsqueeze(-1) - 4.0]
         lm_sum = h.new_zeros(())
         lm_n = m[:, 1:].sum()
@@ -206,7 +270,7 @@ class WayraModel(nn.Module):
                 mean_nll = nll.sum(dim=1) / m[:, 1:].sum(dim=1).clamp(min=1)
                 # the head sees the NLL but its gradient does not reshape the LM through it
                 feats.append(mean_nll.detach().unsqueeze(-1) - 5.0)
-        pred = self.head(torch.cat(feats, dim=-1)).squeeze(-1)
+        pred = self.head(torch.cat(feats, dim=-1)).squeeze(-1).float()
         return pred, lm_sum, lm_n, None
 
 
@@ -252,7 +316,7 @@ class WayraStudent:
         order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
         out = [0.0] * len(seqs)
         self.model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), self.model.precision():
             for s in range(0, len(order), batch_size):
                 idx = order[s:s + batch_size]
                 ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id)
@@ -266,6 +330,8 @@ class WayraStudent:
         from torch.ao.quantization import quantize_dynamic
         self.model.eval()
         self.model = quantize_dynamic(self.model, {nn.Linear}, dtype=torch.qint8)
+        # the int8 kernels take fp32 activations: no bf16 autocast around them
+        self.model.arch = self.model.arch.model_copy(update={"bf16": False})
         return self
 
     # -- files --
@@ -345,6 +411,7 @@ class DistillSettings:
     threads: int | None = None
     freeze_embeddings: bool = False        # keep teacher-initialised embeddings fixed (few labels: less overfitting)
     doc_weight: float = 1.0                # head: token — weight of the document-mean loss next to the per-token one
+    body_lr: float | None = None           # body: teacher — peak learning rate of the teacher's layers (None: lr)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -407,6 +474,16 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`;
     `token_labels` (each text's per-token teacher NLLs) with `arch.head == "token"`."""
     import numpy as np
+    if arch.body == "teacher":
+        if teacher_model is None:
+            raise StudentError("student.body: teacher needs the teacher model")
+        if settings.lm_weight > 0:
+            raise StudentError("student.body: teacher has no next-token output: set train.lm_weight: 0")
+        tcfg = teacher_model.model.config
+        if arch.teacher_layers > tcfg.num_hidden_layers:
+            raise StudentError(f"student.teacher_layers {arch.teacher_layers}: the teacher has only "
+                               f"{tcfg.num_hidden_layers} layers")
+        arch = arch.model_copy(update={"teacher_config": json.loads(tcfg.to_json_string(use_diff=False))})
     if arch.head == "token":
         if token_labels is None or len(token_labels) != len(texts):
             raise StudentError("student.head: token needs the teacher's per-token NLLs for every labelled document")
@@ -455,14 +532,23 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         target = torch.tensor((y - mean) / std, dtype=torch.float32)
     lengths = [len(s) for s in seqs]
     model = WayraModel(arch)
-    if init is not None:
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.lr}]
+    if arch.body == "teacher":
+        load_teacher_layers(model.body, teacher_model.model, arch.teacher_layers)
+        # frozen: most of the student's parameters, rows of tokens the labelled text never shows would
+        # not move anyway, and their Adam state would cost twice their size
+        model.body.get_input_embeddings().weight.requires_grad_(False)
+        groups = [{"params": [p for p in model.body.parameters() if p.requires_grad],
+                   "lr": settings.body_lr or settings.lr},
+                  {"params": list(model.head.parameters()), "lr": settings.lr}]
+    elif init is not None:
         with torch.no_grad():
             model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
     student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
-    if settings.freeze_embeddings:
+    if settings.freeze_embeddings and arch.body == "own":
         model.tok.weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr,
-                            weight_decay=settings.weight_decay)
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.lr}]
+    opt = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
     lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len, bos_id) if unlabelled else seqs
     lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
     lm_lengths = [len(s) for s in lm_seqs]
@@ -470,8 +556,9 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     pretrain_epochs = settings.pretrain_epochs if settings.lm_weight > 0 else 0
     pre_steps = pretrain_epochs * math.ceil(len(lm_items) / settings.batch_size)
     total = pre_steps + settings.epochs * steps_per_epoch
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=settings.lr, total_steps=total, pct_start=0.1)
-    log(f"student: {student.n_params() / 1e6:.2f}M parameters, vocab {arch.vocab_size}, "
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=0.1)
+    trainable = sum(p.numel() for g in groups for p in g["params"])
+    log(f"student: {student.n_params() / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained), vocab {arch.vocab_size}, "
         f"{len(train_idx)} train / {len(val_idx)} validation documents, {len(lm_items)} LM documents")
 
     for ep in range(pretrain_epochs):
@@ -479,7 +566,8 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         tot = cnt = 0.0
         for b in _batches(lm_items, settings.batch_size, rng, lm_lengths):
             ids, mask = pad_batch([lm_seqs[i] for i in b], pad_id)
-            _, lm_sum, lm_n, _ = model(ids, mask, lm=True)
+            with model.precision():
+                _, lm_sum, lm_n, _ = model(ids, mask, lm=True)
             loss = lm_sum / lm_n.clamp(min=1)
             opt.zero_grad()
             loss.backward()
@@ -497,7 +585,8 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         reg_tot = lm_tot = lm_cnt = 0.0
         for b in _batches(train_idx, settings.batch_size, rng, lengths):
             ids, mask = pad_batch([seqs[i] for i in b], pad_id)
-            pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
+            with model.precision():
+                pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
             reg = F.mse_loss(pred, target[b])
             if per_token is not None:
                 tz, tmask = pad_token_targets([token_z[i] for i in b], ids.shape[1])
@@ -535,5 +624,5 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     metrics = {"val_spearman": round(spearman(val_pred, val_y), 4), "val_pearson": round(pearson(val_pred, val_y), 4),
                "val_rmse": round(best["rmse"], 4), "best_epoch": best["epoch"], "epochs_run": len(history),
                "train_docs": len(train_idx), "val_docs": len(val_idx), "lm_docs": len(lm_items),
-               "params": student.n_params(), "seconds": round(time.perf_counter() - t0, 1), "history": history}
+               "params": student.n_params(), "trained_params": trainable, "seconds": round(time.perf_counter() - t0, 1), "history": history}
     return student, metrics
