@@ -271,7 +271,8 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
 # ---- evaluation -------------------------------------------------------------------------------
 
 def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenlm: str | None = None,
-             timing_docs: int = 64, quantize: bool = False, threads: int | None = None, log=print) -> dict:
+             timing_docs: int = 64, quantize: bool = False, threads: int | None = None, batch_size: int = 16,
+             log=print) -> dict:
     """Correlations with the teacher on held-out documents, and docs/s of teacher, student and KenLM."""
     import torch
 
@@ -299,7 +300,7 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     teacher.log_ppl(timing)
     teacher_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pred = student.predict_log_ppl(texts)
+    pred = student.predict_log_ppl(texts, batch_size)
     student_s = time.perf_counter() - t0
     result = {"n": len(keep),
               "spearman_student": round(spearman([pred[i] for i in keep], [truth[i] for i in keep]), 4),
@@ -329,6 +330,7 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     result["teacher_timing_docs"] = len(timing)
     result["student"] = str(Path(student_dir).resolve())
     result["student_params"] = student.n_params()
+    result["student_batch_size"] = batch_size
     result["threads"] = torch.get_num_threads()
     result["labels"] = label_stats
     return result

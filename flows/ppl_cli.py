@@ -44,7 +44,8 @@ def cmd_ppl_eval(args) -> int:
     teacher = TeacherConfig(path=args.teacher, max_tokens=args.max_tokens, batch_size=args.teacher_batch_size,
                             threads=args.threads)
     result = evaluate(args.student, args.input, teacher, args.kenlm, timing_docs=args.timing_docs,
-                      quantize=args.quantize, threads=args.threads, log=lambda m: None)
+                      quantize=args.quantize, threads=args.threads, batch_size=args.batch_size,
+                      log=lambda m: None)
     write_json_atomic(args.out, result)
     keys = ("n", "spearman_student", "spearman_kenlm", "pearson_student", "teacher_docs_per_s",
             "student_docs_per_s", "kenlm_docs_per_s")
@@ -88,6 +89,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--teacher-batch-size", type=int, default=8)
     q.add_argument("--timing-docs", type=int, default=64, help="documents the teacher is timed on (computed afresh)")
     q.add_argument("--quantize", action="store_true", help="int8 dynamic quantisation of the student")
+    q.add_argument("--batch-size", type=int, default=16, help="documents per student forward pass (sorted by length)")
     q.add_argument("--threads", type=int, default=None, help="torch threads for all models")
     q.add_argument("--out", required=True, help="result JSON")
     q.set_defaults(func=cmd_ppl_eval)

@@ -252,9 +252,12 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
                                token_labels=tokens[:160])
     pred = student.predict_log_ppl(texts[160:])
     assert spearman(pred, labels[160:]) > 0.8, metrics
-    # embeddings stay the teacher's (frozen); the layer was fine-tuned; only head + layer were trained
-    assert torch.equal(student.model.body.embed_tokens.weight, theirs["embed_tokens.weight"])
-    assert not torch.equal(student.model.body.layers[0].mlp.up_proj.weight, theirs["layers.0.mlp.up_proj.weight"])
+    # embeddings stay the teacher's (frozen; bf16 now, as bf16 students are kept for inference); the
+    # layer was fine-tuned; only head + layer were trained
+    body = student.model.body
+    assert body.embed_tokens.weight.dtype == torch.bfloat16
+    assert torch.equal(body.embed_tokens.weight, theirs["embed_tokens.weight"].to(torch.bfloat16))
+    assert not torch.equal(body.layers[0].mlp.up_proj.weight, theirs["layers.0.mlp.up_proj.weight"].to(torch.bfloat16))
     assert metrics["trained_params"] < metrics["params"] - theirs["embed_tokens.weight"].numel() + 1
 
     student.save(tmp_path / "s")
@@ -477,3 +480,29 @@ def test_smollm2_teacher_end_to_end():
     fl, es, no = teacher.log_ppl([fluent, spanish, noise])
     assert 0.5 < fl < es < no, (fl, es, no)
     assert math.exp(fl) < 100 < math.exp(no)
+
+
+@pytest.mark.slow
+def test_student_on_smollm2_layers_saves_and_loads_without_the_teacher(tmp_path):
+    """body: teacher with the real GGUF teacher: its config (read from GGUF) must rebuild the layers
+    when the student is loaded alone, and the student must reproduce its own predictions."""
+    from trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+    from trainer.wayra import DistillSettings, WayraArch, WayraStudent, distill
+    try:
+        path = default_teacher_path()
+    except TeacherError as e:
+        pytest.skip(str(e))
+    teacher = Teacher(path, TeacherSettings(max_tokens=24, batch_size=8))
+    texts = [f"Document {i}: " + " ".join(["the river runs past the old mill"] * (1 + i % 3) + ["qwx zvk"] * (i % 4))
+             for i in range(24)]
+    tokens = teacher.token_nll(texts)
+    arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, max_len=25,
+                     nll_feature=False, bf16=True)
+    student, metrics = distill(texts, [sum(t) / len(t) for t in tokens], arch,
+                               DistillSettings(epochs=1, lm_weight=0.0, body_lr=3e-4, threads=2),
+                               log=lambda m: None, teacher_model=teacher, token_labels=tokens)
+    assert len(student.model.body.layers) == 1 and metrics["trained_params"] < 5_000_000
+    student.save(tmp_path / "s")
+    loaded = WayraStudent.load(tmp_path / "s")
+    assert loaded.arch.teacher_config["model_type"] == "llama"
+    assert loaded.predict_log_ppl(texts) == pytest.approx(student.predict_log_ppl(texts), abs=1e-6)
