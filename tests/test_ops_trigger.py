@@ -3,9 +3,9 @@ deploy/prefect.yaml, a process worker runs it, a file copied into the watched di
 announced by the `watch` flow, and an incremental curate run over only that file starts and
 completes. (Event triggers have broken silently across Prefect upgrades before.)
 
-The test starts its own server: the session's server has taken every flow run of the suite, and
-its triggers service evaluates events in arrival order, so a backlog of earlier runs' events
-delayed this one past any fixed wait on a loaded 2-core machine."""
+The test starts its own server, so that nothing the rest of the suite left behind (the session
+server's backlog of earlier runs' events, the process's events client) stands between the event
+and the trigger: in CI the session-server version missed its wait twice while passing alone."""
 from __future__ import annotations
 
 import datetime as dt
@@ -21,13 +21,18 @@ from tests.ops_helpers import PrefectServer, Worker, deploy_file, light_curate_c
 
 @pytest.fixture
 def own_server(tmp_path, monkeypatch):
+    from prefect.events.worker import EventsWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = PrefectServer(tmp_path / "prefect-home").start()
     monkeypatch.setenv("PREFECT_API_URL", server.url)      # `prefect deploy` runs as a subprocess
+    # The process's events client is a singleton bound to the API URL it was created under: after an
+    # earlier in-process flow run it would send this test's event to the session's server.
+    EventsWorker.drain_all(timeout=30)
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.url}):
             yield server
+            EventsWorker.drain_all(timeout=30)
     finally:
         server.stop()
 
