@@ -24,7 +24,7 @@ the teacher's saved HF config) and puts the per-token head on top; the layers ar
 embeddings stay frozen. Those first layers already encode what a from-scratch student has to learn
 from a few thousand documents (bench/RESULTS.md: held-out Spearman 0.81 from scratch, 0.89 with two
 teacher layers), and dropping the remaining layers and the vocabulary projection is what makes it
-fast. `bf16` runs training and inference under CPU bf16 autocast.
+fast. `bf16` trains under CPU bf16 autocast and keeps bf16 weights for inference (and in the file).
 
 Saved as `model.safetensors` + `config.json` + `tokenizer.json`. Inference is batched with documents
 sorted by length (little padding); `quantize=True` applies int8 dynamic quantisation to the linear layers.
@@ -81,7 +81,7 @@ class WayraArch(BaseModel):
     teacher_config: dict | None = Field(
         None, description="body: teacher — the teacher's HF config, written by distillation so that the student "
                           "loads without the teacher")
-    bf16: bool = Field(False, description="bf16 autocast on CPU in training and inference")
+    bf16: bool = Field(False, description="bf16 autocast on CPU in training; bf16 weights for inference and in the file")
 
     @model_validator(mode="after")
     def _token_head_needs_teacher_tokens(self):
@@ -539,7 +539,6 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         target = torch.tensor((y - mean) / std, dtype=torch.float32)
     lengths = [len(s) for s in seqs]
     model = WayraModel(arch)
-    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.lr}]
     if arch.body == "teacher":
         load_teacher_layers(model.body, teacher_model.model, arch.teacher_layers)
         # frozen: most of the student's parameters, rows of tokens the labelled text never shows would
@@ -548,13 +547,14 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         groups = [{"params": [p for p in model.body.parameters() if p.requires_grad],
                    "lr": settings.body_lr or settings.lr},
                   {"params": list(model.head.parameters()), "lr": settings.lr}]
-    elif init is not None:
-        with torch.no_grad():
-            model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
-    student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
-    if settings.freeze_embeddings and arch.body == "own":
-        model.tok.weight.requires_grad_(False)
+    else:
+        if init is not None:
+            with torch.no_grad():
+                model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
+        if settings.freeze_embeddings:
+            model.tok.weight.requires_grad_(False)
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.lr}]
+    student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
     opt = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
     lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len, bos_id) if unlabelled else seqs
     lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
