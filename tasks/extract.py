@@ -30,6 +30,12 @@ import inspect
 import sys
 
 STAGE = "extract"
+# Removed rows carry the document's size in bytes: a too-large document keeps only its first
+# TOO_LARGE_CHARS characters in `text` (its full text is never held past the decision).
+TEXT_BYTES = pa.field("text_bytes", pa.int64())
+REMOVED_SCHEMA = BASE_SCHEMA.append(REASON).append(TEXT_BYTES)
+TOO_LARGE_CHARS = readers.TOO_LARGE_PREFIX_BYTES
+TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:html_too_large")
 
 
 class ExtractConfig(StageConfig):
@@ -39,6 +45,10 @@ class ExtractConfig(StageConfig):
     min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
     max_control_char_ratio: float = Field(0.05, ge=0, le=1, description="binary junk: share of control/replacement characters above which a document is removed")
     shard_mb: float = Field(64.0, gt=0, description="target text size of one output shard")
+    max_record_bytes: int = Field(50_000_000, gt=0, description="a JSONL line or WARC payload larger than this is never held in memory: removed as extract:too_large / extract:payload_too_large with its first bytes and its size (`text_bytes`)")
+    max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
+    max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
+    max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file stops after this long; the rest of it is one quarantined record")
     include_comments: bool = False
     include_tables: bool = True
     favor_precision: bool = False
@@ -210,7 +220,9 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
     run_dir = Path(run_dir)
     key = file_key(path)
     marker = run_dir / STAGE / "_shards" / f"{key}.json"
-    input_sha = sha256_file(path) if "://" not in path else _remote_fingerprint(path)
+    problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
+    input_sha = (sha256_json({"not_read": problem}) if problem else
+                 sha256_file(path) if "://" not in path else _remote_fingerprint(path))
     fp = sha256_json({"stage": STAGE, "input": input_sha, "path": path, "code": code_version(),
                       "config": cfg.model_dump(mode="json")})
     if marker.exists():
@@ -226,7 +238,9 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
     part = 0
     kept_w: ShardWriter | None = None
     kept_bytes = 0
-    removed_w = ShardWriter(run_dir / STAGE / "removed" / f"{key}.parquet", BASE_SCHEMA.append(REASON))
+    removed_w = ShardWriter(run_dir / STAGE / "removed" / f"{key}.parquet", REMOVED_SCHEMA)
+    limits = readers.ReadLimits(max_record_bytes=cfg.max_record_bytes, max_header_bytes=cfg.max_header_bytes,
+                                max_expansion=cfg.max_expansion, max_file_seconds=cfg.max_file_seconds)
     quarantine_rows: list[dict] = []
     kept_rows: list[dict] = []
     removed_rows: list[dict] = []
@@ -243,7 +257,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
             kept_w.write(pa.Table.from_pylist(kept_rows, BASE_SCHEMA))
             kept_rows = []
         if removed_rows:
-            table = pa.Table.from_pylist(removed_rows, BASE_SCHEMA.append(REASON))
+            table = pa.Table.from_pylist(removed_rows, REMOVED_SCHEMA)
             removed_w.write(table)
             count_reasons(table, counts, examples)
             removed_rows = []
@@ -254,7 +268,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
             part += 1
 
     try:
-        for item in readers.read(path, stats):
+        for item in readers.read(path, stats, limits):
             if isinstance(item, readers.Quarantined):
                 quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                         "reason": item.reason, "snippet": item.snippet})
@@ -263,6 +277,9 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
             text, reason = decide(item, cfg)
             row = _row(item, text)
             nbytes = len(row["text"].encode())
+            if reason in TOO_LARGE_REASONS:
+                nbytes = item.size or nbytes if reason != "extract:html_too_large" else len(item.html or b"")
+                row["text"] = row["text"][:TOO_LARGE_CHARS]
             bytes_in += nbytes
             chars_in += len(row["text"])
             if reason is None:
@@ -272,6 +289,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows:
                 chars_out += len(row["text"])
             else:
                 row["reason"] = reason
+                row["text_bytes"] = nbytes
                 removed_rows.append(row)
             if len(kept_rows) + len(removed_rows) >= batch_rows or kept_bytes >= shard_bytes:
                 flush()

@@ -6,6 +6,32 @@ record or a file part that could not be read, with a reason a user can act on). 
 silently: WARC records that are not documents (requests, warcinfo, revisits, metadata) are counted
 by type in `ReadStats.skipped`.
 
+Hostile input costs at most the record it is in. Every reader isolates records and resynchronises
+after damage, and holds a bounded amount of memory whatever the input (`ReadLimits`):
+- JSONL: a bad line is one quarantined record and reading goes on with the next line. Lines are
+  split in bounded chunks: a line over `max_record_bytes` is never held whole (it becomes a removed
+  `extract:too_large` document carrying the line's first bytes and its size). gzip members and zstd
+  frames are decompressed by us, a bounded amount at a time: corrupt compressed bytes are one
+  quarantined record ("unreadable bytes ...", the partial line they cut included) and reading
+  resumes at the next gzip member / zstd frame; decompression that expands beyond `max_expansion`
+  times the file's size (a bomb) stops with one quarantined record.
+- WARC/ARC: warcio parses each record, reading through a line cap (`max_header_bytes`: warcio's own
+  readline has none). When a record cannot be parsed, or its block runs past the end of the data
+  (a wrong Content-Length that would swallow the records after it), the damaged range is one
+  quarantined record and reading resumes at the next record header found after it (a gzip member
+  that decompresses to a WARC/ARC header, or a `WARC/1.x` / ARC header line).
+- parquet: any string-like `text` column (string, large_string, string_view, dictionary of strings,
+  binary holding UTF-8) is read batch by batch per row group; a row that is null or not UTF-8 is one
+  quarantined record; a batch or row group that cannot be decoded is one quarantined record for its
+  rows (`row N`, the range in the reason).
+- Any file: a path that is not a regular file (FIFO, device, socket, dangling symbolic link) is one
+  quarantined record and is never opened; a file that cannot be opened at all is one quarantined
+  record; a file whose reading runs past `max_file_seconds` stops with one quarantined record for
+  what was not read.
+
+A "record" in `records read` is therefore: a JSONL line, a WARC/ARC record, a parquet row, or one
+unreadable range/file reported as a single quarantined record.
+
 We read with warcio rather than datatrove's WarcReader: datatrove's reader drops records it cannot
 classify (libmagic) and aborts on a truncated member without saying how much it lost, and our
 accounting standard needs every record counted.
@@ -13,9 +39,12 @@ accounting standard needs every record counted.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import os
 import re
+import stat
+import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,6 +57,18 @@ PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = WARC_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
 SNIPPET_BYTES = 200
 KNOWN_FIELDS = ("id", "text", "url", "date", "content_type")
+TOO_LARGE_PREFIX_BYTES = 10_000   # what a removed too-large record keeps of its bytes
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Per-record and per-file bounds on what reading may cost (see the module docstring)."""
+    max_record_bytes: int = 50_000_000     # one JSONL line or WARC payload held in memory at most
+    max_header_bytes: int = 1 << 20        # one WARC/ARC/HTTP header line
+    max_expansion: float = 200.0           # decompressed bytes per compressed byte of the file ...
+    min_expansion_bytes: int = 256 << 20   # ... checked only once this much has been decompressed
+    max_file_seconds: float = 3600.0       # reading one file stops after this long
 
 
 @dataclass
@@ -42,6 +83,7 @@ class RawRecord:
     content_type: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     reject: str | None = None         # a document we read but know we will not keep (e.g. not_html)
+    size: int | None = None           # bytes of a record too large to hold (`text` is only its start)
 
 
 @dataclass
@@ -72,24 +114,61 @@ def reader_kind(path: str) -> str | None:
     return None
 
 
+def _local(path: str) -> str | None:
+    """The local file system path of `path`, or None for a remote URL."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs (local or fsspec) to a sorted, de-duplicated list of files.
 
-    Raises FileNotFoundError naming the first pattern that matches nothing.
+    Local entries that are not regular files (FIFOs, dangling links) are listed too: the reader
+    quarantines them with a reason instead of their vanishing from the counts. Raises
+    FileNotFoundError naming the first pattern that matches nothing.
     """
     files: list[str] = []
     for pattern in patterns:
         fs, _, paths = fsspec.get_fs_token_paths(pattern)
         is_local = fs.protocol in ("file", ("file", "local")) or "file" in getattr(fs, "protocol", ())
-        matched = [p for p in paths if fs.isfile(p)]
+        if is_local:
+            matched = [p for p in paths if os.path.lexists(p) and not os.path.isdir(p)]
+        else:
+            matched = [p for p in paths if fs.isfile(p)]
         if not matched and not any(ch in pattern for ch in "*?["):
             if fs.isdir(pattern):
-                matched = sorted(p for p in fs.find(pattern) if reader_kind(p))
+                if is_local:  # os.walk lists FIFOs and dangling links, and never follows links into loops
+                    matched = sorted(os.path.join(d, f) for d, _, fs_ in os.walk(pattern) for f in fs_
+                                     if reader_kind(f))
+                else:
+                    matched = sorted(p for p in fs.find(pattern) if reader_kind(p))
         if not matched:
             raise FileNotFoundError(f"input not found: {pattern}")
         for p in matched:
             files.append(str(Path(p)) if is_local else fs.unstrip_protocol(p))
     return sorted(dict.fromkeys(files))
+
+
+def file_problem(path: str) -> str | None:
+    """Why a local path must not be opened (not a regular file), or None. Never blocks: a FIFO is
+    only stat'ed, not opened."""
+    local = _local(path)
+    if local is None:
+        return None
+    try:
+        st = os.stat(local)
+    except FileNotFoundError:
+        return ("dangling symbolic link: its target does not exist" if os.path.islink(local)
+                else "file not found (removed while the run was starting?)")
+    except OSError as e:
+        return f"cannot read file: {type(e).__name__}: {e}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else "character device" if stat.S_ISCHR(st.st_mode)
+            else "block device" if stat.S_ISBLK(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
+            else "directory" if stat.S_ISDIR(st.st_mode) else "special file")
+    return f"not a regular file ({kind}): not opened"
 
 
 def stable_id(source: str, offset: str) -> str:
@@ -99,33 +178,248 @@ def stable_id(source: str, offset: str) -> str:
 
 def escape_snippet(raw: bytes | str) -> str:
     if isinstance(raw, str):
-        raw = raw.encode("utf-8", "backslashreplace")
+        raw = raw[:SNIPPET_BYTES].encode("utf-8", "backslashreplace")
     return raw[:SNIPPET_BYTES].decode("utf-8", "backslashreplace")
 
 
 def _size(path: str) -> int | None:
     try:
+        local = _local(path)
+        if local is not None:
+            return os.stat(local).st_size
         fs, _, (p,) = fsspec.get_fs_token_paths(path)
         return fs.size(p)
     except Exception:
         return None
 
 
-def read(path: str, stats: ReadStats) -> Iterator[RawRecord | Quarantined]:
+def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
+    """Every record of one file, then a quarantine entry for anything the file's time budget cut."""
+    problem = file_problem(path)
+    if problem:
+        yield Quarantined(path, "file", problem)
+        return
     kind = reader_kind(path)
-    if _size(path) == 0:  # most often a failed download or copy: say so rather than read nothing
+    size = _size(path)
+    if size == 0:  # most often a failed download or copy: say so rather than read nothing
         yield Quarantined(path, "file", "empty file (0 bytes)")
-    elif kind == "warc":
-        yield from read_warc(path, stats)
+        return
+    if kind == "warc":
+        items = read_warc(path, stats, limits)
     elif kind == "jsonl":
-        yield from read_jsonl(path)
+        items = read_jsonl(path, limits, size)
     elif kind == "parquet":
-        yield from read_parquet(path)
+        items = read_parquet(path, limits=limits)
     else:
         yield Quarantined(path, "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
+        return
+    deadline = time.monotonic() + limits.max_file_seconds
+    last = "file"
+    for item in items:
+        last = item.offset if isinstance(item, RawRecord) else item.record
+        yield item
+        if time.monotonic() > deadline:
+            items.close()
+            where = f"after {last}" if last.startswith("line ") else last
+            yield Quarantined(path, where,
+                              f"time budget exceeded: reading stopped after {limits.max_file_seconds:g} s "
+                              f"(extract.max_file_seconds); the rest of the file was not read")
+            return
+
+
+# ---- compressed streams -----------------------------------------------------------------------
+
+@dataclass
+class _Damage:
+    """Bytes of a stream that could not be decompressed (or were not read); `stop` ends the file."""
+    reason: str
+    stop: bool = False
+
+
+def _find_magic(fh, start: int, magic: bytes) -> int | None:
+    """Offset of the first `magic` at or after `start`, reading the file in bounded chunks."""
+    fh.seek(start)
+    pos, tail = start, b""
+    while block := fh.read(CHUNK):
+        data = tail + block
+        i = data.find(magic)
+        if i >= 0:
+            return pos - len(tail) + i
+        tail = data[-(len(magic) - 1):]
+        pos += len(block)
+    return None
+
+
+def _zeros_to_end(fh, pos: int) -> bool:
+    """True when the file holds only NUL bytes from `pos` on: padding some tools write after the
+    last gzip member or zstd frame, which is no data and no damage."""
+    fh.seek(pos)
+    while block := fh.read(CHUNK):
+        if block.strip(b"\x00"):
+            return False
+    return True
+
+
+def _tell_end(fh) -> int:
+    fh.seek(0, os.SEEK_END)
+    return fh.tell()
+
+
+def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator[bytes | _Damage]:
+    """Decompressed chunks of concatenated members (gzip members, zstd frames), bounded in size by
+    `feed(decoder, data) -> (output, input bytes consumed)`. Bytes that are no member, a corrupt
+    member and a member cut by the end of the file are reported as damage; reading resumes at the
+    next member header after the damage."""
+    pos = 0            # file offset of data[0]
+    data = b""         # compressed bytes read from the file and not yet consumed
+    dec = None
+    member_start = 0
+
+    def resync(after: int, why: str):
+        nxt = _find_magic(fh, after + 1, magic)
+        end = nxt - 1 if nxt is not None else _tell_end(fh) - 1
+        tail = f"; reading resumed at byte {nxt}" if nxt is not None else "; nothing readable after it"
+        return nxt, _Damage(f"{why} (bytes {after}-{end}){tail}")
+
+    while True:
+        if not data:
+            data = fh.read(CHUNK)
+            if not data:
+                break
+        if dec is None:
+            if len(data) < len(magic):
+                data += fh.read(CHUNK)
+            if not data.startswith(magic):
+                if _zeros_to_end(fh, pos):
+                    return
+                nxt, damage = resync(pos, f"bytes that are not {what} data")
+                yield damage
+                if nxt is None:
+                    return
+                fh.seek(nxt)
+                pos, data = nxt, b""
+                continue
+            dec, member_start = new_decoder(), pos
+        try:
+            out, used = feed(dec, data)
+        except errors as e:
+            nxt, damage = resync(member_start, f"corrupt {what} member at byte {member_start}: {e}")
+            yield damage
+            if nxt is None:
+                return
+            fh.seek(nxt)
+            pos, data, dec = nxt, b"", None
+            continue
+        pos += used
+        data = data[used:]
+        if out:
+            yield out
+        if dec.eof:
+            rest = dec.unused_data
+            pos -= len(rest)
+            data = rest + data
+            dec = None
+    if dec is not None and hasattr(dec, "flush") and what == "gzip":
+        try:  # output zlib still holds when the input ran out exactly as the output cap was reached
+            out = dec.flush()
+        except errors:
+            out = b""
+        if out:
+            yield out
+        if dec.eof:
+            dec = None
+    if dec is not None:
+        yield _Damage(f"file truncated inside the {what} member that starts at byte {member_start}")
+
+
+def _feed_gzip(dec, data: bytes) -> tuple[bytes, int]:
+    out = dec.decompress(data, CHUNK)
+    return out, len(data) - len(dec.unconsumed_tail)
+
+
+def _gzip_chunks(fh) -> Iterator[bytes | _Damage]:
+    """gzip members, CHUNK bytes of output at a time (zlib's max_length)."""
+    return _members(fh, b"\x1f\x8b\x08", lambda: zlib.decompressobj(31), _feed_gzip, zlib.error, "gzip")
+
+
+def _feed_zstd(dec, data: bytes) -> tuple[bytes, int]:
+    # zstandard's decompressobj has no output cap: compressed bytes go in 512 at a time (a zstd block
+    # expands to at most 128 KiB, so one call yields a few MB at most, even from a bomb)
+    piece = data[:512]
+    return dec.decompress(piece), len(piece)
+
+
+def _zstd_chunks(fh) -> Iterator[bytes | _Damage]:
+    """zstd frames. zstandard's stream reader ends a truncated file silently: we say so."""
+    import zstandard
+    dctx = zstandard.ZstdDecompressor()
+    return _members(fh, b"\x28\xb5\x2f\xfd", dctx.decompressobj, _feed_zstd, zstandard.ZstdError, "zstd")
+
+
+def _plain_chunks(fh) -> Iterator[bytes]:
+    while block := fh.read(CHUNK):
+        yield block
+
+
+def _capped(chunks: Iterator[bytes | _Damage], compressed_size: int | None, limits: ReadLimits) -> Iterator[bytes | _Damage]:
+    """Stop a decompression bomb: past `min_expansion_bytes`, no more than `max_expansion` times the
+    compressed size is decompressed."""
+    cap = max(limits.min_expansion_bytes, int(limits.max_expansion * (compressed_size or 0)))
+    total = 0
+    for c in chunks:
+        if isinstance(c, bytes):
+            total += len(c)
+            if total > cap:
+                yield _Damage(f"decompression stopped after {cap:,} bytes: the file expands more than "
+                              f"{limits.max_expansion:g}x (extract.max_expansion; a decompression bomb?)", stop=True)
+                return
+        yield c
 
 
 # ---- JSONL ------------------------------------------------------------------------------------
+
+@dataclass
+class _Line:
+    data: bytes            # the whole line, or its first bytes when `size` is set
+    size: int | None = None
+
+
+def _lines(chunks: Iterator[bytes | _Damage], max_bytes: int) -> Iterator[_Line | _Damage]:
+    """Lines (without the newline) of a chunk stream; a line over `max_bytes` keeps only its first
+    TOO_LARGE_PREFIX_BYTES and its size. Damage passes through and drops the partial line it cut."""
+    parts: list[bytes] = []
+    size = 0
+    for c in chunks:
+        if isinstance(c, _Damage):
+            if size:
+                c.reason += f" (a partial line of {size:,} bytes before it is part of this record)"
+            parts, size = [], 0
+            yield c
+            if c.stop:
+                return
+            continue
+        start = 0
+        while True:
+            nl = c.find(b"\n", start)
+            piece = c[start:] if nl < 0 else c[start:nl]
+            if size <= max_bytes:
+                parts.append(piece)
+            size += len(piece)
+            if nl < 0:
+                break
+            yield _whole(parts, size, max_bytes)
+            parts, size = [], 0
+            start = nl + 1
+    if size:
+        yield _whole(parts, size, max_bytes)
+
+
+def _whole(parts: list[bytes], size: int, max_bytes: int) -> _Line:
+    data = b"".join(parts)
+    if size > max_bytes:
+        return _Line(data[:TOO_LARGE_PREFIX_BYTES], size)
+    return _Line(data)
+
 
 def _metadata(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in KNOWN_FIELDS}
@@ -135,120 +429,200 @@ def _str_or_none(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _zstd_lines(fh, chunk: int = 1 << 20) -> Iterator[bytes]:
-    """Lines of a zstd stream (one or more frames). zstandard's stream reader ends a truncated
-    file silently, so we decompress frame by frame and raise EOFError on an unfinished frame."""
-    import zstandard
-
-    dctx = zstandard.ZstdDecompressor()
-    dobj = dctx.decompressobj()
-    pending = b""
-    started = False
-    while block := fh.read(chunk):
-        while block:
-            started = True
-            try:
-                out = dobj.decompress(block)
-            except zstandard.ZstdError as e:  # not zstd, or corrupt: the reader's "unreadable file" path
-                raise ValueError(f"corrupt zstd data: {e}") from None
-            block = b""
-            if dobj.eof:  # a frame ended: what follows is the next frame
-                block, dobj, started = dobj.unused_data, dctx.decompressobj(), False
-            if out:
-                pending += out
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line + b"\n"
-    if started:
-        raise EOFError("zstd stream ended inside a frame (file truncated)")
-    if pending:
-        yield pending
+_ID_IN_JSON = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
 
 
-def _open_lines(path: str):
-    """(file handle, line iterator) for a plain, gzip or zstd JSONL file."""
-    if path.lower().endswith(".zst"):
-        fh = fsspec.open(path, "rb").open()
-        return fh, _zstd_lines(fh)
-    fh = fsspec.open(path, "rb", compression="infer").open()
-    return fh, iter(fh)
+def _open_chunks(fh, path: str) -> Iterator[bytes | _Damage]:
+    p = path.lower()
+    if p.endswith(".zst"):
+        return _zstd_chunks(fh)
+    if p.endswith(".gz"):
+        return _gzip_chunks(fh)
+    return _plain_chunks(fh)
 
 
-def read_jsonl(path: str) -> Iterator[RawRecord | Quarantined]:
+def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = None) -> Iterator[RawRecord | Quarantined]:
     lineno = 0
     try:
-        fh, lines = _open_lines(path)
-        with fh:
-            for lineno, raw in enumerate(lines, 1):
-                if not raw.strip():
-                    continue  # blank lines are not records
-                where = f"line {lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    yield Quarantined(path, where, f"invalid UTF-8: bad byte at position {e.start} of the line", escape_snippet(raw))
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield Quarantined(path, where, f"malformed JSON: {e.msg} (column {e.colno})", escape_snippet(raw))
-                    continue
-                if not isinstance(obj, dict):
-                    yield Quarantined(path, where, f"JSON line is a {type(obj).__name__}, expected an object",
-                                      escape_snippet(raw))
-                    continue
-                text = obj.get("text")
-                rid = _str_or_none(obj.get("id"))
-                if not isinstance(text, str):
-                    reason = "missing field 'text'" if text is None else f"field 'text' is a {type(text).__name__}, expected a string"
-                    yield Quarantined(path, where, reason, escape_snippet(raw), rid)
-                    continue
-                yield RawRecord(
-                    id=rid or stable_id(path, where), source=path, offset=where, text=text,
-                    url=_str_or_none(obj.get("url")), date=_str_or_none(obj.get("date")),
-                    content_type=_str_or_none(obj.get("content_type")), metadata=_metadata(obj))
-    except (EOFError, OSError, ValueError) as e:  # truncated gzip/zstd, unreadable file
-        yield Quarantined(path, f"after line {lineno}", f"file truncated or unreadable: {type(e).__name__}: {e}")
+        fh = fsspec.open(path, "rb").open()
+    except Exception as e:
+        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        return
+    with fh:
+        for item in _lines(_capped(_open_chunks(fh, path), size, limits), limits.max_record_bytes):
+            if isinstance(item, _Damage):
+                yield Quarantined(path, f"after line {lineno}", f"unreadable bytes: {item.reason}")
+                continue
+            lineno += 1
+            raw = item.data
+            if not raw.strip():
+                continue  # blank lines are not records
+            yield _jsonl_record(path, lineno, item)
+
+
+def _jsonl_record(path: str, lineno: int, line: _Line) -> RawRecord | Quarantined:
+    where = f"line {lineno}"
+    raw = line.data
+    if line.size is not None:  # too large to hold: removed unparsed, its id taken from its first bytes
+        m = _ID_IN_JSON.search(raw)
+        rid = m.group(1).decode("utf-8", "replace") if m else None
+        return RawRecord(id=rid or stable_id(path, where), source=path, offset=where,
+                         text=raw.decode("utf-8", "replace"), reject="too_large", size=line.size)
+    try:
+        text_line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Quarantined(path, where, f"invalid UTF-8: bad byte at position {e.start} of the line", escape_snippet(raw))
+    try:
+        obj = json.loads(text_line)
+    except json.JSONDecodeError as e:
+        return Quarantined(path, where, f"malformed JSON: {e.msg} (column {e.colno})", escape_snippet(raw))
+    except RecursionError:
+        return Quarantined(path, where, "malformed JSON: nested too deeply to parse", escape_snippet(raw))
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        return Quarantined(path, where, f"unparseable JSON value: {str(e)[:150]}", escape_snippet(raw))
+    if not isinstance(obj, dict):
+        return Quarantined(path, where, f"JSON line is a {type(obj).__name__}, expected an object", escape_snippet(raw))
+    text = obj.get("text")
+    rid = _str_or_none(obj.get("id"))
+    if rid is not None and len(rid) > 1000:
+        return Quarantined(path, where, f"field 'id' is {len(rid):,} characters long (at most 1,000)", escape_snippet(raw))
+    if not isinstance(text, str):
+        reason = "missing field 'text'" if text is None else f"field 'text' is a {type(text).__name__}, expected a string"
+        return Quarantined(path, where, reason, escape_snippet(raw), rid)
+    try:
+        return RawRecord(
+            id=rid or stable_id(path, where), source=path, offset=where, text=text,
+            url=_str_or_none(obj.get("url")), date=_str_or_none(obj.get("date")),
+            content_type=_str_or_none(obj.get("content_type")), metadata=_metadata(obj))
+    except ValueError as e:  # str() of a field that cannot be converted (a huge integer)
+        return Quarantined(path, where, f"unconvertible field value: {str(e)[:150]}", escape_snippet(raw), rid)
 
 
 # ---- parquet ----------------------------------------------------------------------------------
 
-def read_parquet(path: str, batch_rows: int = 1000) -> Iterator[RawRecord | Quarantined]:
+def _text_array(arr, pa):
+    """The `text` column as a string or binary array, whatever string-like type it was written as."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return arr
+    if t == pa.string_view():
+        return arr.cast(pa.large_string())
+    if t == pa.binary_view():
+        return arr.cast(pa.large_binary())
+    raise TypeError(f"column 'text' is {t}")
+
+
+def _is_text_type(t, pa) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or t in (pa.string_view(), pa.binary_view()))
+
+
+def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        with fsspec.open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            schema = pf.schema_arrow
-            if "text" not in schema.names:
-                yield Quarantined(path, "file", f"parquet has no column 'text' (columns: {', '.join(schema.names)})")
-                return
-            ttype = schema.field("text").type
-            if not (pa.types.is_string(ttype) or pa.types.is_large_string(ttype)):
-                yield Quarantined(path, "file", f"parquet column 'text' is {ttype}, expected string")
-                return
-            row = 0
-            for rb in pf.iter_batches(batch_size=batch_rows):
-                for obj in rb.to_pylist():
-                    where = f"row {row}"
-                    row += 1
-                    text = obj.get("text")
-                    rid = _str_or_none(obj.get("id"))
-                    if text is None:
-                        yield Quarantined(path, where, "null 'text'", "", rid)
-                        continue
-                    yield RawRecord(
-                        id=rid or stable_id(path, where), source=path, offset=where, text=text,
-                        url=_str_or_none(obj.get("url")), date=_str_or_none(obj.get("date")),
-                        content_type=_str_or_none(obj.get("content_type")), metadata=_metadata(obj))
+        fh = fsspec.open(path, "rb").open()
+        pf = pq.ParquetFile(fh)
+        schema = pf.schema_arrow
     except Exception as e:  # corrupt footer, truncated file, not parquet at all
-        yield Quarantined(path, "file", f"unreadable parquet: {type(e).__name__}: {e}")
+        yield Quarantined(path, "file", f"unreadable parquet: {type(e).__name__}: {str(e)[:200]}")
+        return
+    with fh:
+        if "text" not in schema.names:
+            yield Quarantined(path, "file", f"parquet has no column 'text' (columns: {', '.join(schema.names)})")
+            return
+        ttype = schema.field("text").type
+        if not _is_text_type(ttype, pa):
+            yield Quarantined(path, "file", f"parquet column 'text' is {ttype}, expected string")
+            return
+        row = 0
+        for rg in range(pf.num_row_groups):
+            rg_rows = pf.metadata.row_group(rg).num_rows
+            rg_end = row + rg_rows
+            try:
+                for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[rg]):
+                    try:
+                        texts = _text_array(rb.column(rb.schema.get_field_index("text")), pa).to_pylist()
+                        objs = rb.drop_columns(["text"]).to_pylist()
+                    except Exception as e:
+                        yield Quarantined(path, f"row {row}", f"undecodable rows {row}-{row + rb.num_rows - 1}: "
+                                                              f"{type(e).__name__}: {str(e)[:200]}")
+                        row += rb.num_rows
+                        continue
+                    for obj, text in zip(objs, texts):
+                        yield _parquet_record(path, row, obj, text, limits)
+                        row += 1
+            except Exception as e:  # a corrupt page or row group: the rest of it is one record
+                if row < rg_end:
+                    yield Quarantined(path, f"row {row}", f"unreadable row group {rg} (rows {row}-{rg_end - 1}): "
+                                                          f"{type(e).__name__}: {str(e)[:200]}")
+                row = rg_end
+
+
+def _parquet_record(path: str, row: int, obj: dict, text, limits: ReadLimits) -> RawRecord | Quarantined:
+    where = f"row {row}"
+    rid = _str_or_none(obj.get("id"))
+    if text is None:
+        return Quarantined(path, where, "null 'text'", "", rid)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return Quarantined(path, where, f"'text' is not valid UTF-8: bad byte at position {e.start}",
+                               escape_snippet(text), rid)
+    base = dict(id=rid or stable_id(path, where), source=path, offset=where,
+                url=_str_or_none(obj.get("url")), date=_str_or_none(obj.get("date")),
+                content_type=_str_or_none(obj.get("content_type")), metadata=_metadata(obj))
+    if len(text) > limits.max_record_bytes:  # characters >= bytes / 4: only clearly oversized rows
+        return RawRecord(**base, text=text[:TOO_LARGE_PREFIX_BYTES], reject="too_large",
+                         size=len(text.encode("utf-8", "surrogatepass")))
+    return RawRecord(**base, text=text)
 
 
 # ---- WARC / ARC -------------------------------------------------------------------------------
 
 _UUID = re.compile(r"<?urn:uuid:([0-9a-fA-F-]+)>?")
+# where a record may start in an uncompressed file: a WARC version line, or an ARC header line
+# (url ip-address 14-digit-date mime length)
+_RECORD_START = re.compile(rb"(?:^|\n)(WARC/\d\.\d+\r?\n|\S+ \d{1,3}(?:\.\d{1,3}){3} \d{14} \S+ \d+\r?\n)")
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+
+
+class HeaderLineTooLong(ValueError):
+    pass
+
+
+def _capped_reader_class():
+    """warcio's buffered reader with a cap on `readline`: warcio reads header lines with it, and
+    without a cap a header line of gigabytes is held whole."""
+    from warcio.bufferedreaders import DecompressingBufferedReader
+
+    class CappedReader(DecompressingBufferedReader):
+        line_cap = 1 << 20
+
+        def readline(self, length=None):
+            limit = self.line_cap + 1 if length is None or length < 0 else min(length, self.line_cap + 1)
+            parts, n = [], 0
+            while n < limit:   # warcio's readline(length) may stop short of `length` without a newline
+                piece = super().readline(limit - n)
+                if not piece:
+                    break
+                parts.append(piece)
+                n += len(piece)
+                if piece.endswith(b"\n"):
+                    break
+            line = b"".join(parts)
+            if len(line) > self.line_cap and not line.endswith(b"\n"):
+                raise HeaderLineTooLong(f"a header line longer than {self.line_cap:,} bytes (extract.max_header_bytes)")
+            return line
+
+    return CappedReader
 
 
 def _warc_id(record, source: str, offset: int) -> str:
@@ -281,69 +655,166 @@ def _record_damage(record) -> str | None:
     return None
 
 
-def read_warc(path: str, stats: ReadStats, max_payload_bytes: int = 50 << 20) -> Iterator[RawRecord | Quarantined]:
-    from warcio.archiveiterator import ArchiveIterator
-    from warcio.exceptions import ArchiveLoadFailed
+def _next_record_start(fh, after: int, gzipped: bool) -> int | None:
+    """The offset of the first record header after byte `after`: in a gzipped file a gzip member
+    whose first bytes decompress to a WARC/ARC header, else a header line at a line start."""
+    if gzipped:
+        pos = after + 1
+        while (cand := _find_magic(fh, pos, _GZIP_MAGIC)) is not None:
+            fh.seek(cand)
+            try:
+                head = zlib.decompressobj(31).decompress(fh.read(64 << 10), 256)
+            except zlib.error:
+                head = b""
+            if head.startswith(b"WARC/") or _RECORD_START.match(head):
+                return cand
+            pos = cand + 1
+        return None
+    fh.seek(after + 1)
+    pos, tail = after + 1, b""
+    while block := fh.read(CHUNK):
+        data = tail + block
+        for m in _RECORD_START.finditer(data):
+            start = pos - len(tail) + m.start(1)
+            if start > after and m.end() < len(data):
+                return start
+        tail = data[-4096:]
+        pos += len(block)
+    return None
 
-    offset = 0
+
+def read_warc(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
+    """Records of a WARC/ARC file; after damage, reading resumes at the next record header."""
+    try:
+        fh = fsspec.open(path, "rb").open()
+        gzipped = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+    except Exception as e:
+        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        return
+    with fh:
+        start: int | None = 0
+        first = True
+        seen = 0
+        while start is not None:
+            try:
+                start = yield from _read_warc_from(fh, path, start, stats, limits, gzipped, first)
+            except _NonChunkedGzip as e:
+                # the whole file is one gzip stream (`gzip file.warc`): valid, only not seekable per
+                # record. Read it again decompressed, as a plain WARC, past the records already read.
+                seen = e.records
+                break
+            first = False
+        else:
+            return
+        import gzip
+        fh.seek(0)
+        with gzip.GzipFile(fileobj=fh) as plain:
+            start, first = 0, True
+            while start is not None:
+                start = yield from _read_warc_from(plain, path, start, stats, limits, False, first, skip=seen)
+                first, seen = False, 0
+
+
+class _NonChunkedGzip(Exception):
+    def __init__(self, records: int):
+        self.records = records
+
+
+def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLimits, gzipped: bool,
+                    first: bool, skip: int = 0):
+    """Read records from byte `start` until the end (returns None) or until damage (returns where the
+    next record header is, after quarantining the damaged range)."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    fh.seek(start)
+    it = ArchiveIterator(fh, arc2warc=True, check_digests=True)
+    reader_cls = _capped_reader_class()
+    reader_cls.line_cap = limits.max_header_bytes
+    it.reader = reader_cls(it.fh)            # before the first read: warcio builds records on it lazily
+    it.INC_RECORD = ""                       # warcio prints a warning to stderr; we report it instead
+    rec_start = start
     n = 0
     try:
-        with fsspec.open(path, "rb") as fh:
-            # check_digests: a record whose bytes do not match its WARC block digest is corrupt or
-            # cut short; we quarantine it rather than curate half a page
-            it = ArchiveIterator(fh, arc2warc=True, check_digests=True)
-            for record in it:
-                n += 1
-                rtype = record.rec_type
-                if rtype not in ("response", "resource", "conversion"):
-                    stats.skip(rtype or "unknown")
-                    continue
-                url = record.rec_headers.get_header("WARC-Target-URI")
-                url = url.strip("<>") if url else None
-                date = record.rec_headers.get_header("WARC-Date")
-                if rtype == "response":
-                    if record.http_headers is None:
-                        if not url or url.lower().startswith(("http:", "https:")):
-                            # an HTTP capture whose status line and headers could not be parsed, or a
-                            # response naming no target at all (malformed: e.g. garbage headers)
-                            offset = it.get_record_offset()
-                            why = ("HTTP response without a parseable status line and headers" if url else
-                                   "malformed response record: no WARC-Target-URI and no parseable HTTP headers")
-                            yield Quarantined(path, f"offset {offset}", why, "", _warc_id(record, path, offset))
-                        else:  # a response that is not HTTP (dns:, ftp:)
-                            stats.skip("response-non-http")
-                        continue
-                    ctype = record.http_headers.get_header("Content-Type")
-                else:
-                    ctype = record.rec_headers.get_header("Content-Type")
-                try:
-                    # read the payload before asking for the offset: warcio's offset call consumes the record
-                    payload = record.content_stream().read(max_payload_bytes + 1)
-                    error = None
-                except Exception as e:
-                    payload, error = b"", e
+        for record in it:
+            n += 1
+            rec_start = it.offset
+            if n <= skip:   # already read before the file turned out to be one gzip stream
+                it.read_to_end()
+                continue
+            item, damaged = _warc_item(it, record, path, stats, limits)
+            if item is not None:
+                yield item
+            if damaged:  # its block ran past the data (a wrong Content-Length): later records may be inside it
+                return _next_record_start(fh, rec_start, gzipped)
+        return None
+    except Exception as e:
+        if gzipped and "non-chunked gzip" in str(e):
+            raise _NonChunkedGzip(n) from None
+        at = it.offset if n == 0 or it.member_info is not None else rec_start
+        nxt = _next_record_start(fh, at, gzipped)
+        if first and n == 0 and nxt is None:
+            what = "not a readable WARC/ARC file"
+        else:
+            what = f"unreadable bytes {at}-{nxt - 1 if nxt is not None else 'end'}"
+        resumed = f"; reading resumed at offset {nxt}" if nxt is not None else ""
+        yield Quarantined(path, f"offset {at}" if at or not first else "file",
+                          f"{what}: {type(e).__name__}: {str(e).strip()[:200]}{resumed}")
+        return nxt
+
+
+def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits):
+    """(RawRecord | Quarantined | None, damaged?) for one parsed record."""
+    rtype = record.rec_type
+    if rtype not in ("response", "resource", "conversion"):
+        stats.skip(rtype or "unknown")
+        it.read_to_end()
+        return None, _truncated(record)
+    url = record.rec_headers.get_header("WARC-Target-URI")
+    url = url.strip("<>") if url else None
+    date = record.rec_headers.get_header("WARC-Date")
+    if rtype == "response":
+        if record.http_headers is None:
+            if not url or url.lower().startswith(("http:", "https:")):
+                # an HTTP capture whose status line and headers could not be parsed, or a
+                # response naming no target at all (malformed: e.g. garbage headers)
                 offset = it.get_record_offset()
-                where = f"offset {offset}"
-                rid = _warc_id(record, path, offset)
-                if error is None and len(payload) <= max_payload_bytes:
-                    error = _record_damage(record)
-                if error is not None:
-                    msg = error if isinstance(error, str) else f"unreadable WARC payload: {type(error).__name__}: {error}"
-                    yield Quarantined(path, where, msg, escape_snippet(payload), rid)
-                    continue
-                base = dict(id=rid, source=path, offset=where, url=url, date=date, content_type=ctype,
-                            metadata={"warc_type": rtype})
-                if len(payload) > max_payload_bytes:
-                    yield RawRecord(**base, text="", reject="payload_too_large")
-                    continue
-                mime = _mime(ctype)
-                if rtype == "conversion" or mime == "text/plain":
-                    yield RawRecord(**base, text=payload.decode("utf-8", "replace"))
-                elif mime in ("text/html", "application/xhtml+xml") or (not mime and payload.lstrip()[:1] == b"<"):
-                    yield RawRecord(**base, html=payload)
-                else:
-                    yield RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}")
-    except (ArchiveLoadFailed, EOFError, OSError, ValueError, TypeError) as e:
-        where = f"offset {offset}" if n else "file"
-        what = "truncated or corrupt archive" if n else "not a readable WARC/ARC file"
-        yield Quarantined(path, where, f"{what} after {n} records: {type(e).__name__}: {str(e)[:200]}")
+                why = ("HTTP response without a parseable status line and headers" if url else
+                       "malformed response record: no WARC-Target-URI and no parseable HTTP headers")
+                return Quarantined(path, f"offset {offset}", why, "", _warc_id(record, path, offset)), _truncated(record)
+            stats.skip("response-non-http")  # a response that is not HTTP (dns:, ftp:)
+            it.read_to_end()
+            return None, _truncated(record)
+        ctype = record.http_headers.get_header("Content-Type")
+    else:
+        ctype = record.rec_headers.get_header("Content-Type")
+    try:
+        # read the payload before asking for the offset: warcio's offset call consumes the record
+        payload = record.content_stream().read(limits.max_record_bytes + 1)
+        error = None
+    except Exception as e:
+        payload, error = b"", e
+    offset = it.get_record_offset()
+    where = f"offset {offset}"
+    rid = _warc_id(record, path, offset)
+    if error is None and len(payload) <= limits.max_record_bytes:
+        error = _record_damage(record)
+    if error is not None:
+        msg = error if isinstance(error, str) else f"unreadable WARC payload: {type(error).__name__}: {str(error)[:200]}"
+        return Quarantined(path, where, msg, escape_snippet(payload), rid), _truncated(record)
+    base = dict(id=rid, source=path, offset=where, url=url, date=date, content_type=ctype,
+                metadata={"warc_type": rtype})
+    if len(payload) > limits.max_record_bytes:
+        return RawRecord(**base, text=payload[:TOO_LARGE_PREFIX_BYTES].decode("utf-8", "replace"),
+                         reject="payload_too_large", size=record.length), _truncated(record)
+    mime = _mime(ctype)
+    if rtype == "conversion" or mime == "text/plain":
+        return RawRecord(**base, text=payload.decode("utf-8", "replace")), False
+    if mime in ("text/html", "application/xhtml+xml") or (not mime and payload.lstrip()[:1] == b"<"):
+        return RawRecord(**base, html=payload), False
+    return RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}"), False
+
+
+def _truncated(record) -> bool:
+    """The record's block ended before its Content-Length: it may have swallowed later records."""
+    return (getattr(record.raw_stream, "limit", 0) or 0) > 0

@@ -139,7 +139,7 @@ def build_bad_corpus(d: Path) -> dict:
     # 2. a truncated .jsonl.gz
     gz = gzip.compress("".join(json.dumps(x) + "\n" for x in make_docs(60, seed=91)).encode(), mtime=0)
     (d / "truncated.jsonl.gz").write_bytes(gz[: int(len(gz) * 0.5)])
-    exp["truncated.jsonl.gz"] = {"quarantine": ["file truncated or unreadable"]}
+    exp["truncated.jsonl.gz"] = {"quarantine": ["unreadable bytes: file truncated inside the gzip member"]}
 
     # 3. a WARC with non-HTML, odd and malformed records
     exp["odd.warc.gz"] = build_odd_warc(d / "odd.warc.gz", rng, paras)
@@ -279,7 +279,7 @@ def test_bad_input_corpus_is_fully_accounted_for(tmp_path, shared_data, tiny_mod
     from tests.conftest import run_quipu
     bad = tmp_path / "bad"
     expected = build_bad_corpus(bad)
-    expected["wac__link-extraction-test.warc"] = {"quarantine": ["truncated or corrupt archive after 4 records: ArchiveLoadFailed: Unknown archive format"]}
+    expected["wac__link-extraction-test.warc"] = {"quarantine": ["unreadable bytes 3605-5118: ArchiveLoadFailed: Unknown archive format"]}
     out = tmp_path / "run"
     inputs = sorted(str(p) for p in bad.iterdir()) + [str(shared_data / p) for p in SHARED_INPUTS]
     args = ["curate", str(DEMO), "--output", str(out), *all_stages_args(tiny_models)]

@@ -1,0 +1,310 @@
+"""Issue 13's reproductions, one test each: hostile input costs at most the record it is in, never
+the run, never the documents after it, and never unbounded memory.
+
+Every file is built here (small, or streamed to disk for the bombs); memory is measured in a child
+process (`ru_maxrss`) so that the test process's own allocations do not blur the figure.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from tasks.extract import REMOVED_SCHEMA, TOO_LARGE_CHARS, ExtractConfig, extract_file
+from tasks.readers import ReadLimits, ReadStats, expand_inputs, read
+from tests.conftest import ROOT
+
+TEXT = ("The river rose slowly through the night, and by morning the old bridge was under water. "
+        "Families in the lower town carried what they could to the church on the hill. ")
+RSS_BOUND_MB = 600   # a child that imports pyarrow, warcio and the readers starts at ~150 MB
+
+
+def jline(i: int, text: str = TEXT) -> bytes:
+    return json.dumps({"id": f"doc-{i}", "text": text}).encode() + b"\n"
+
+
+def page(i: int) -> bytes:
+    return f"<html><body><article><h1>Page {i}</h1><p>{TEXT * 3}</p></article></body></html>".encode()
+
+
+def warc_record(url: str | None, payload: bytes, rid: int, content_length: int | None = None,
+                rtype: str = "response") -> bytes:
+    """One uncompressed WARC response record, written by hand so that it can lie."""
+    http = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n" + payload
+    headers = [b"WARC/1.0", b"WARC-Type: " + rtype.encode(),
+               f"WARC-Record-ID: <urn:uuid:00000000-0000-4000-8000-{rid:012d}>".encode(),
+               b"WARC-Date: 2026-01-01T00:00:00Z"]
+    if url:
+        headers.append(b"WARC-Target-URI: " + url.encode())
+    headers += [b"Content-Type: application/http; msgtype=response",
+                f"Content-Length: {content_length if content_length is not None else len(http)}".encode()]
+    return b"\r\n".join(headers) + b"\r\n\r\n" + http + b"\r\n\r\n"
+
+
+def records(items) -> tuple[list, list]:
+    docs = [i for i in items if type(i).__name__ == "RawRecord"]
+    quarantined = [i for i in items if type(i).__name__ == "Quarantined"]
+    return docs, quarantined
+
+
+def check_accounting(result: dict) -> None:
+    assert result["records_read"] == result["input_docs"] + result["quarantined"]
+    assert result["input_docs"] == result["kept_docs"] + result["removed_docs"]
+
+
+def run_child(code: str, timeout: int = 240) -> dict:
+    """Run `code` in a fresh interpreter (repo root on the path); it prints one JSON line last."""
+    wrapped = ("import json, resource, sys\nsys.path.insert(0, %r)\n" % str(ROOT) + code +
+               "\nprint(json.dumps({**out, 'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
+    p = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ---- whole run lost on one record or file -----------------------------------------------------
+
+def test_warc_last_record_truncated_without_target_uri(tmp_path):
+    """An interrupted crawler's last record: no WARC-Target-URI, cut short. warcio raised
+    AttributeError ('NoneType' has no 'startswith') and the whole file, then the run, failed."""
+    data = warc_record("https://example.org/0", page(0), 0) + warc_record("https://example.org/1", page(1), 1)
+    last = warc_record(None, page(2), 2)
+    path = tmp_path / "interrupted.warc"
+    path.write_bytes(data + last[: len(last) // 2])
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    check_accounting(result)
+    assert result["kept_docs"] == 2 and result["quarantined"] == 1
+
+
+def test_warc_record_without_target_uri_in_the_middle_costs_only_itself(tmp_path):
+    data = (warc_record("https://example.org/0", page(0), 0) + warc_record(None, page(1), 1)
+            + warc_record("https://example.org/2", page(2), 2))
+    path = tmp_path / "no-uri.warc"
+    path.write_bytes(data)
+    docs, quarantined = records(list(read(str(path), ReadStats())))
+    assert [d.url for d in docs] == ["https://example.org/0", "https://example.org/2"]
+    assert len(quarantined) == 1 and quarantined[0].record.startswith("offset ")
+
+
+def test_deeply_nested_json_line_is_one_quarantined_record(tmp_path):
+    path = tmp_path / "nested.jsonl"
+    path.write_bytes(jline(0) + b"[" * 1000 + b"]" * 1000 + b"\n" + b'{"text": ' + b"[" * 100_000 + b"\n" + jline(3))
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    check_accounting(result)
+    assert (result["records_read"], result["input_docs"], result["quarantined"]) == (4, 2, 2)
+    reasons = pq.read_table(result["quarantine"]["path"]).column("reason").to_pylist()
+    assert any("nested too deeply" in r for r in reasons), reasons
+
+
+def test_dangling_symlink_and_fifo_are_quarantined_not_opened(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "good.jsonl").write_bytes(jline(0) + jline(1))
+    os.symlink(folder / "gone.jsonl", folder / "dangling.jsonl")
+    os.mkfifo(folder / "pipe.jsonl")
+    files = expand_inputs([str(folder)])
+    assert sorted(Path(f).name for f in files) == ["dangling.jsonl", "good.jsonl", "pipe.jsonl"]
+    assert sorted(Path(f).name for f in expand_inputs([str(folder / "*.jsonl")])) == sorted(Path(f).name for f in files)
+
+    results: dict[str, dict] = {}
+
+    def work():  # a FIFO opened for reading blocks until a writer comes: this must never happen
+        for f in files:
+            results[Path(f).name] = extract_file(f, tmp_path / "out", ExtractConfig())
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "reading the input folder hung (a FIFO was opened?)"
+    assert results["good.jsonl"]["kept_docs"] == 2
+    for name, why in (("dangling.jsonl", "dangling symbolic link"), ("pipe.jsonl", "named pipe (FIFO)")):
+        r = results[name]
+        check_accounting(r)
+        assert (r["records_read"], r["quarantined"]) == (1, 1)
+        assert why in pq.read_table(r["quarantine"]["path"]).column("reason")[0].as_py()
+
+
+# ---- documents silently lost ------------------------------------------------------------------
+
+def test_huge_integer_costs_one_line_not_the_rest_of_the_file(tmp_path):
+    """A 5,000-digit integer made json.loads raise ValueError, taken for truncation: a 20-line file
+    reported 5 records and the 15 good lines after it were never read."""
+    lines = [jline(i) for i in range(20)]
+    lines[4] = b'{"id": "big", "text": "x", "n": ' + b"9" * 5000 + b"}\n"
+    path = tmp_path / "bigint.jsonl"
+    path.write_bytes(b"".join(lines))
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    check_accounting(result)
+    assert (result["records_read"], result["input_docs"], result["quarantined"]) == (20, 19, 1)
+    q = pq.read_table(result["quarantine"]["path"]).to_pylist()
+    assert q[0]["record"] == "line 5"
+
+
+@pytest.mark.parametrize("kind", ["dictionary", "string_view", "large_string", "binary"])
+def test_parquet_text_of_any_string_type_is_read(tmp_path, kind):
+    texts = [TEXT + str(i) for i in range(6)]
+    ids = [f"p{i}" for i in range(6)]
+    if kind == "dictionary":   # what pandas writes for a categorical column
+        col = pa.array(texts).dictionary_encode()
+    elif kind == "string_view":
+        col = pa.array(texts, pa.string_view())
+    elif kind == "large_string":
+        col = pa.array(texts, pa.large_string())
+    else:   # UTF-8 in a binary column, one row not UTF-8
+        col = pa.array([t.encode() for t in texts[:5]] + [b"caf\xe9 \xff"], pa.binary())
+    path = tmp_path / f"{kind}.parquet"
+    pq.write_table(pa.table({"id": ids, "text": col}), path, row_group_size=4)
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    check_accounting(result)
+    assert result["records_read"] == 6
+    if kind == "binary":
+        assert (result["input_docs"], result["quarantined"]) == (5, 1)
+        q = pq.read_table(result["quarantine"]["path"]).to_pylist()[0]
+        assert q["record"] == "row 5" and "not valid UTF-8" in q["reason"]
+    else:
+        assert result["input_docs"] == 6
+        kept = pq.read_table(result["kept_shards"][0]["path"])
+        assert kept.column("text").to_pylist() == texts
+
+
+def test_warc_record_with_huge_content_length_does_not_swallow_the_next(tmp_path):
+    good = warc_record("https://example.org/0", page(0), 0)
+    liar = warc_record("https://example.org/1", page(1), 1, content_length=10**12)
+    after = warc_record("https://example.org/2", page(2), 2) + warc_record("https://example.org/3", page(3), 3)
+    path = tmp_path / "liar.warc"
+    path.write_bytes(good + liar + after)
+    docs, quarantined = records(list(read(str(path), ReadStats())))
+    assert [d.url for d in docs] == ["https://example.org/0", "https://example.org/2", "https://example.org/3"]
+    assert len(quarantined) == 1 and "record truncated" in quarantined[0].reason
+
+
+def test_gzip_warc_with_garbage_between_members_resyncs(tmp_path):
+    members = [gzip.compress(warc_record(f"https://example.org/{i}", page(i), i), mtime=0) for i in range(4)]
+    path = tmp_path / "garbage.warc.gz"
+    path.write_bytes(members[0] + members[1] + b"\x00garbage\xff" * 50 + members[2] + members[3][:10] + b"XXXX" + members[3][14:])
+    docs, quarantined = records(list(read(str(path), ReadStats())))
+    assert [d.url for d in docs][:3] == ["https://example.org/0", "https://example.org/1", "https://example.org/2"]
+    assert len(docs) + len(quarantined) >= 4 and quarantined
+
+
+def test_corrupt_gzip_member_in_jsonl_costs_only_that_member(tmp_path):
+    members = [gzip.compress(b"".join(jline(10 * m + i) for i in range(10)), mtime=0) for m in range(3)]
+    bad = bytearray(members[1])
+    bad[len(bad) // 2: len(bad) // 2 + 8] = b"\xff" * 8
+    path = tmp_path / "members.jsonl.gz"
+    path.write_bytes(members[0] + bytes(bad) + members[2])
+    docs, quarantined = records(list(read(str(path), ReadStats())))
+    ids = [d.id for d in docs]
+    assert ids[:10] == [f"doc-{i}" for i in range(10)] and ids[-10:] == [f"doc-{i}" for i in range(20, 30)]
+    assert quarantined and all(q.record.startswith("after line") for q in quarantined)
+
+
+# ---- unbounded memory -------------------------------------------------------------------------
+
+def _gzip_of_zeros(path: Path, gib: int) -> None:
+    """`gib` GiB of zeros with no newline, as gzip members of 1 GiB each (about 1 MB per member)."""
+    block = b"\x00" * (16 << 20)
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    member = b"".join(comp.compress(block) for _ in range(64)) + comp.flush()
+    with open(path, "wb") as fh:
+        for _ in range(gib):
+            fh.write(member)
+
+
+def test_gzip_bomb_stops_with_bounded_memory(tmp_path):
+    path = tmp_path / "bomb.jsonl.gz"
+    _gzip_of_zeros(path, 3)   # ~3 MB expanding to 3 GiB, no newline
+    out = run_child(f"""
+from tasks.extract import ExtractConfig, extract_file
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig())
+out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quarantine_by_reason')}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["records_read"] == out["input_docs"] + out["quarantined"]
+    assert out["quarantined"] >= 1
+
+
+def test_zstd_bomb_stops_with_bounded_memory(tmp_path):
+    path = tmp_path / "bomb.jsonl.zst"
+    cctx = zstandard.ZstdCompressor(level=19)
+    with open(path, "wb") as fh, cctx.stream_writer(fh) as w:
+        block = b"\x00" * (16 << 20)
+        for _ in range(64):      # 1 GiB of zeros, no newline
+            w.write(block)
+    assert path.stat().st_size < 2 << 20
+    out = run_child(f"""
+from tasks.readers import read, ReadStats
+items = list(read({str(path)!r}, ReadStats()))
+out = {{'n': len(items), 'reasons': [getattr(i, 'reason', None) for i in items], 'types': [type(i).__name__ for i in items]}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["types"] == ["Quarantined"] and "decompression stopped" in out["reasons"][0], out
+
+
+def test_gigantic_warc_header_line_is_bounded_and_reading_resumes(tmp_path):
+    """A WARC whose HTTP header line is 300 MB (warcio's readline has no cap: it held it whole)."""
+    path = tmp_path / "header.warc"
+    huge = 300 << 20
+    with open(path, "wb") as fh:
+        fh.write(warc_record("https://example.org/0", page(0), 0))
+        http_len = len(b"HTTP/1.1 200 OK\r\nX-Junk: ") + huge + len(b"\r\n\r\n")
+        fh.write(b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: https://example.org/1\r\n"
+                 b"Content-Type: application/http; msgtype=response\r\n" + f"Content-Length: {http_len}\r\n\r\n".encode())
+        fh.write(b"HTTP/1.1 200 OK\r\nX-Junk: ")
+        chunk = b"a" * (1 << 20)
+        for _ in range(huge >> 20):
+            fh.write(chunk)
+        fh.write(b"\r\n\r\n\r\n\r\n")
+        fh.write(warc_record("https://example.org/2", page(2), 2))
+    out = run_child(f"""
+from tasks.readers import read, ReadStats
+items = list(read({str(path)!r}, ReadStats()))
+out = {{'urls': [getattr(i, 'url', None) for i in items], 'types': [type(i).__name__ for i in items]}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["types"] == ["RawRecord", "Quarantined", "RawRecord"], out
+    assert out["urls"][0] == "https://example.org/0" and out["urls"][2] == "https://example.org/2"
+
+
+def test_removed_large_documents_keep_only_a_prefix(tmp_path):
+    """Ten 20 MB documents removed as too large held their full text until 500 accumulated (1.6 GB);
+    a line over max_record_bytes is never held whole."""
+    path = tmp_path / "large.jsonl"
+    big = "word " * (4 << 20)    # 20 MB of text per line
+    with open(path, "w") as fh:
+        for i in range(10):
+            fh.write(json.dumps({"id": f"big-{i}", "text": big}) + "\n")
+        fh.write(json.dumps({"id": "huge", "text": big * 4}) + "\n")   # 80 MB: over max_record_bytes
+        fh.write(json.dumps({"id": "ok", "text": TEXT}) + "\n")
+    out = run_child(f"""
+from tasks.extract import ExtractConfig, extract_file
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig())
+out = {{'removed': r['removed']['path'], 'kept': r['kept_docs'], 'by_reason': r['removed_by_reason'], 'read': r['records_read']}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["read"] == 12 and out["kept"] == 1 and out["by_reason"] == {"extract:too_large": 11}
+    removed = pq.read_table(out["removed"])
+    assert removed.schema.equals(REMOVED_SCHEMA)
+    rows = {r["id"]: r for r in removed.to_pylist()}
+    assert set(rows) == {f"big-{i}" for i in range(10)} | {"huge"}
+    assert all(len(r["text"]) <= TOO_LARGE_CHARS for r in rows.values())
+    assert rows["big-0"]["text_bytes"] == len(big) and rows["huge"]["text_bytes"] > 80_000_000
+
+
+def test_file_time_budget_stops_one_file_with_a_reason(tmp_path):
+    path = tmp_path / "slow.jsonl"
+    path.write_bytes(b"".join(jline(i) for i in range(5000)))
+    items = list(read(str(path), ReadStats(), ReadLimits(max_file_seconds=1e-9)))
+    docs, quarantined = records(items)
+    assert len(docs) >= 1 and len(quarantined) == 1
+    assert quarantined[0].reason.startswith("time budget exceeded") and quarantined[0].record.startswith("after line")
