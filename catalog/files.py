@@ -1,7 +1,7 @@
 """Atomic writes and content hashes: the one place every layer writes files through.
 
 A file only ever appears under its final name complete: it is written to a temporary name in the
-same directory, flushed, fsynced and renamed. A killed process leaves at worst a `.tmp-*` file,
+same directory, flushed, fsynced and renamed. A killed process leaves at worst a `.tmp-quipu-*` file,
 which `remove_stale_temporaries` clears on the next run.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-quipu-"   # only files with this prefix are ever cleaned up as quipu's
 
 
 @contextlib.contextmanager
@@ -61,14 +61,16 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def remove_stale_temporaries(root: str | os.PathLike) -> int:
-    """Delete temporaries a killed run left behind under `root`; returns how many."""
+def remove_stale_temporaries(root: str | os.PathLike, recursive: bool = True) -> int:
+    """Delete temporaries a killed quipu process left under `root` (or only in `root` itself);
+    returns how many. Only files named with quipu's own prefix are touched: a user's `.tmp-notes`
+    beside them stays."""
     n = 0
     root = Path(root)
-    if not root.exists():
+    if not root.is_dir():
         return 0
-    for p in root.rglob(TMP_PREFIX + "*"):
-        if p.is_file():
+    for p in (root.rglob if recursive else root.glob)(TMP_PREFIX + "*"):
+        if p.is_file() and not p.is_symlink():
             p.unlink()
             n += 1
     return n

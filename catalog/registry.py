@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from catalog import db
 from catalog.files import sha256_json
+from catalog.names import check_name
 
 
 # ---- runs -------------------------------------------------------------------------------------
@@ -71,7 +72,10 @@ def latest_run(flow: str, status: str | None = "completed") -> dict | None:
 
 def register_dataset(name: str, kind: str, path: str, run_id: str | None,
                      shard_rows: Iterable[dict], info: dict | None = None) -> str:
-    """`shard_rows`: dicts with path, rows, bytes, sha256. Re-registering a path replaces it."""
+    """`shard_rows`: dicts with path, rows, bytes, sha256. Re-registering a path replaces it.
+    A name is safe path components joined by '/' (e.g. `cc-main/quarantine`)."""
+    for part in name.split("/"):
+        check_name(part, "dataset name")
     shard_rows = list(shard_rows)
     ds_id = db.new_id("ds")
     with db.engine().begin() as conn:
@@ -151,6 +155,7 @@ def get_lineage(run_id: str) -> list[dict]:
 
 def register_model(name: str, kind: str, path: str, config: dict | None = None, metrics: dict | None = None,
                    fingerprint: str | None = None, run_id: str | None = None) -> str:
+    check_name(name, "model name")
     model_id = db.new_id(kind)
     with db.engine().begin() as conn:
         conn.execute(sa.insert(db.models).values(

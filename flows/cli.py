@@ -10,6 +10,7 @@ import argparse
 import errno
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
@@ -67,15 +68,17 @@ def cmd_curate(args) -> int:
         preflight(config)
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
-    return run_curate(config)
+    from catalog.ownership import check_free
+    check_free(Path(config.output).resolve())   # another live run into this output: say so before Prefect starts
+    return run_curate(config, overwrite=args.overwrite)
 
 
-def run_curate(config) -> int:
+def run_curate(config, overwrite: bool = False) -> int:
     from flows.curate import curate
     from flows.reports import format_funnel
     from flows.runners import make_task_runner
 
-    summary = curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config)
+    summary = curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config, overwrite)
     print()
     print(format_funnel(summary))
     print()
@@ -166,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--input", action="append", help="input path, glob or URL (repeatable; replaces the config's input)")
     p.add_argument("--output", help="run directory (replaces the config's output)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace what an earlier run with other inputs or config wrote into the output directory "
+                        "(without it such a run is refused; the same inputs and config resume)")
     p.set_defaults(func=cmd_curate)
 
     p = sub.add_parser("report", help="print a run's funnel and top removal reasons")
@@ -196,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def domain_exit_code(e: BaseException) -> int | None:
+    """The exit code of an error the code that detected it has already worded for the user (one line,
+    no traceback), or None for a bug. 2: the user must change something; 1: the run failed, rerun."""
+    from catalog.names import InvalidName
+    from catalog.ownership import OutputInUse, OutputMismatch
+    from tasks.dedup_index import ConcurrentCommit
+    from trainer.checkpoint import UnsafeCheckpoint
+    if isinstance(e, (OutputInUse, OutputMismatch, InvalidName, UnsafeCheckpoint)):
+        return 2
+    if isinstance(e, ConcurrentCommit):
+        return 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     prefect_env()
     parser = build_parser()
@@ -206,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as e:
         print(f"quipu: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        code = domain_exit_code(e)
+        if code is None:
+            raise
+        print(f"quipu: {e}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("quipu: interrupted", file=sys.stderr)
         return 130

@@ -17,7 +17,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from catalog import registry
-from catalog.files import remove_stale_temporaries, write_json_atomic
+from catalog.files import write_json_atomic
+from catalog.names import check_name, name_from
+from catalog.ownership import claim, identity, output_lock
 from flows.reports import RunProgress, publish_artifacts
 from flows.runners import RunnerConfig, make_task_runner, runner_matches
 from tasks.decontam import DecontamConfig, check_decontam, run_decontam
@@ -50,6 +52,11 @@ class CurateConfig(BaseModel):
     decontam: DecontamConfig = DecontamConfig()
     perplexity: PerplexityConfig = PerplexityConfig()
     curated: OutputConfig = OutputConfig()
+
+    @field_validator("dataset")
+    @classmethod
+    def _safe_dataset(cls, v):
+        return None if v is None else check_name(v, "dataset name")
 
     @field_validator("input", mode="before")
     @classmethod
@@ -137,32 +144,42 @@ def _flow_run_id() -> str | None:
         return None
 
 
+# What does not change a run's output, so a rerun that changes it still resumes the same run.
+NOT_IDENTITY = ("workers", "runner", "artifact_prefix")
+
+
+def owned_entries() -> list[str]:
+    """What a curate run writes into its output folder, and so what `--overwrite` clears."""
+    return ["extract", *(s.name for s in STAGES), "curated", "quarantine", "run.json"]
+
+
 @flow(name="curate", log_prints=True, persist_result=False)
-def curate(config: CurateConfig) -> dict:
+def curate(config: CurateConfig, overwrite: bool = False) -> dict:
     from prefect.context import FlowRunContext
     ctx = FlowRunContext.get()
     if ctx is not None and not runner_matches(config.runner, ctx.task_runner):
         # A deployment run whose form asks for another task runner: run on it, as a subflow.
-        return curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config)
+        return curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config, overwrite)
     log = get_run_logger()
     t_start = time.perf_counter()
     run_dir = Path(config.output).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stale = remove_stale_temporaries(run_dir)
-    if stale:
-        log.info("removed %d temporary files left by an interrupted run", stale)
     files = expand_inputs(config.input)
     cfg_json = config.model_dump(mode="json")
-    registry.mark_stale_runs_crashed("curate", output=str(run_dir))  # a killed earlier run into this output
-    run_id = registry.start_run("curate", cfg_json, str(run_dir), _flow_run_id())
-    try:
-        summary = _curate(config, run_dir, files, run_id, log)
-    except BaseException:
-        registry.finish_run(run_id, "failed")
-        raise
-    summary["seconds"] = round(time.perf_counter() - t_start, 2)
-    write_json_atomic(run_dir / "run.json", summary)
-    registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
+    with output_lock(run_dir):   # one run at a time per output folder, for the whole run
+        stale = claim(run_dir, identity(files, cfg_json, NOT_IDENTITY), owned_entries(), overwrite)
+        if stale:
+            log.info("removed %d temporary files left by an interrupted run", stale)
+        # holding the lock, any run still `running` into this output is a killed one
+        registry.mark_stale_runs_crashed("curate", output=str(run_dir))
+        run_id = registry.start_run("curate", cfg_json, str(run_dir), _flow_run_id())
+        try:
+            summary = _curate(config, run_dir, files, run_id, log)
+        except BaseException:
+            registry.finish_run(run_id, "failed")
+            raise
+        summary["seconds"] = round(time.perf_counter() - t_start, 2)
+        write_json_atomic(run_dir / "run.json", summary)
+        registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
     return summary
 
 
@@ -218,7 +235,7 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
               curated: list[Shard], results_extract: dict) -> None:
     for name, report in reports.items():
         registry.save_report(run_id, name, report)
-    name = config.dataset or run_dir.name
+    name = config.dataset or name_from(run_dir.name)
     ds_id = registry.register_dataset(
         name, "curated", str(run_dir / "curated"), run_id,
         [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in curated],

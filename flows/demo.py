@@ -88,7 +88,8 @@ def curate_step(ctx: DemoContext) -> None:
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
     ctx.artifacts["curate_config"] = config
-    summary = curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config)
+    # the demo's run folder is the demo's own: a run of another scale or config replaces it
+    summary = curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config, overwrite=_changed(config))
     ctx.curate_summary = summary
     out = Path(summary["output"])
     ctx.where += [
@@ -222,3 +223,15 @@ def _register() -> None:
 
 
 _register()
+
+
+def _changed(config) -> bool:
+    """True when the demo's run folder holds a run of other inputs or config than this one."""
+    from catalog.ownership import IDENTITY_NAME, identity
+    from catalog.files import read_json
+    from flows.curate import NOT_IDENTITY
+    from tasks.readers import expand_inputs
+    ident_path = Path(config.output).resolve() / IDENTITY_NAME
+    if not ident_path.exists():
+        return Path(config.output).exists()
+    return read_json(ident_path) != identity(expand_inputs(config.input), config.model_dump(mode="json"), NOT_IDENTITY)

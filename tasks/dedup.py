@@ -41,6 +41,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
+from catalog.names import check_name
 from tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart, save_npy,
                                key_order, lean)
 from tasks.stage import (QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, load_done,
@@ -77,7 +78,7 @@ class DedupConfig(StageConfig):
     policy: Literal["first_seen", "quality"] = Field("first_seen", description="which document of a cluster is kept")
     quality_column: str = Field("quality_score", description="column the `quality` policy ranks by (higher is better)")
     seed: int = Field(1, ge=0, description="MinHash permutation seed")
-    index: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="name of the persistent index shared by runs (default: the curate `dataset`; neither: one private to the output folder)")
+    index: str | None = Field(None, description="name of the persistent index shared by runs (default: the curate `dataset`; neither: one private to the output folder)")
     backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
     index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
     redis: RedisConfig = RedisConfig()
@@ -85,6 +86,11 @@ class DedupConfig(StageConfig):
     # The index name when `index` is not set: the curate config's `dataset` (set by CurateConfig;
     # private, so the config as written is what gets stored and fingerprinted).
     _default_index: str | None = PrivateAttr(None)
+
+    @field_validator("index")
+    @classmethod
+    def _safe_index(cls, v):
+        return None if v is None else check_name(v, "dedup index name")
 
     @model_validator(mode="before")
     @classmethod
@@ -397,12 +403,13 @@ def index_name(cfg: DedupConfig, run_dir: str | Path | None) -> str:
     other's documents). "" when it depends on a run folder that is not given."""
     import re
     name = cfg.index or cfg._default_index
-    if not name:
-        if run_dir is None:
-            return ""
-        p = Path(run_dir).resolve()
-        name = f"{p.name}-{sha256_json({'path': str(p), 'params': cfg.index_params()})[:8]}"
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    if name:
+        return check_name(name, "dedup index name")
+    if run_dir is None:
+        return ""
+    p = Path(run_dir).resolve()
+    folder = re.sub(r"[^A-Za-z0-9._-]", "_", p.name).lstrip("._-")[:60] or "run"
+    return f"{folder}-{sha256_json({'path': str(p), 'params': cfg.index_params()})[:8]}"
 
 
 def check_dedup(cfg: DedupConfig) -> None:

@@ -20,6 +20,8 @@ documents would be found as duplicates of themselves).
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import re
 import time
@@ -439,7 +441,7 @@ class RedisIndex(DedupIndex):
 
     def commit(self, gen: int, expected_next_gen: int, plan: str, parts: Iterable[SegmentPart],
                crash_hook=None) -> None:
-        with RedisLock(self.r, self._k("commit-lock")):
+        with commit_lock(self.r, self._k("commit-lock")):
             self._commit_locked(gen, expected_next_gen, plan, parts, crash_hook)
 
     def _commit_locked(self, gen, expected_next_gen, plan, parts, crash_hook) -> None:
@@ -494,47 +496,22 @@ class RedisIndex(DedupIndex):
             self._drop_generation(g)
 
 
-class RedisLock:
-    """An exclusive lock key whose value names its owner (host, pid); a lock whose owner process
-    on this host is gone (a killed run) is taken over at once, others expire after `ttl` seconds."""
-
-    def __init__(self, r, key: str, ttl: int = 900, wait_s: float = 600):
-        import os
-        import socket
-        self.r, self.key, self.ttl, self.wait_s = r, key, ttl, wait_s
-        self.host = socket.gethostname()
-        self.token = f"{self.host}:{os.getpid()}:{time.time_ns()}"
-
-    def _owner_dead(self, value: bytes | None) -> bool:
-        import os
-        if not value:
-            return True
-        host, pid, _ = value.decode().split(":", 2)
-        if host != self.host:
-            return False
+@contextlib.contextmanager
+def commit_lock(r, key: str, ttl: int = 900, wait_s: float = 600):
+    """redis-py's Lock: acquired with SET NX PX, released by an atomic compare-and-delete script, so
+    a run never deletes a lock another run took after its own expired. A killed holder's lock
+    expires after `ttl` seconds; a commit waits up to `wait_s` for it."""
+    import redis
+    lock = r.lock(key, timeout=ttl, blocking_timeout=wait_s, thread_local=False)
+    if not lock.acquire():
+        raise ConcurrentCommit(f"the dedup index lock {key} is held by another run (waited {wait_s:g} s): rerun later")
+    try:
+        yield lock
+    finally:
         try:
-            os.kill(int(pid), 0)
-            return False
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-
-    def __enter__(self):
-        deadline = time.time() + self.wait_s
-        while not self.r.set(self.key, self.token, nx=True, ex=self.ttl):
-            held = self.r.get(self.key)
-            if self._owner_dead(held):
-                self.r.delete(self.key)
-                continue
-            if time.time() > deadline:
-                raise ConcurrentCommit(f"the dedup index lock {self.key} is held by {held!r}")
-            time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        if self.r.get(self.key) == self.token.encode():
-            self.r.delete(self.key)
+            lock.release()
+        except redis.exceptions.LockNotOwnedError:
+            pass   # it expired during a commit longer than `ttl`: the manifest check caught any overlap
 
 
 class LocalIndex:

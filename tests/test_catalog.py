@@ -19,10 +19,12 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path):
 
 def test_stale_temporaries_are_removed(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / ".tmp-x.parquet.123").write_bytes(b"junk")
+    (tmp_path / "a" / ".tmp-quipu-x.parquet.123").write_bytes(b"junk")
+    (tmp_path / "a" / ".tmp-notes.txt").write_text("a user's file: never ours to delete")
     write_json_atomic(tmp_path / "a" / "keep.json", {"k": 1})
     assert remove_stale_temporaries(tmp_path) == 1
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["keep.json"]
+    assert (tmp_path / "a" / ".tmp-notes.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".tmp-notes.txt", "keep.json"]
 
 
 def test_runs_datasets_models_lineage_roundtrip(tmp_path):

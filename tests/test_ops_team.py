@@ -25,6 +25,31 @@ def test_compose_file_declares_the_team_services():
     assert "quipu-process" in services["worker"]["command"]
 
 
+def test_compose_file_requires_secrets_binds_locally_and_installs_nothing_at_start():
+    """Issue 13: no default passwords, Redis with a password, ports on 127.0.0.1 unless configured,
+    a worker image with pinned dependencies instead of installing at every start."""
+    text = (ROOT / "deploy/compose.yaml").read_text()
+    spec = yaml.safe_load(text)
+    services = spec["services"]
+    for var in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "QUIPU_AUTH"):
+        assert f"${{{var}:-" not in text, f"{var} has a default"
+        assert f"${{{var}:?" in text, f"{var} is not required"
+    assert "--requirepass" in " ".join(services["redis"]["command"])
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            host = port.rsplit(":", 2)[0]
+            assert host.startswith("${") and host.endswith(":-127.0.0.1}"), f"{name} publishes {port} beyond 127.0.0.1"
+    worker = services["worker"]
+    assert "build" in worker and "pip install" not in " ".join(worker["command"])
+    assert not any(v.split(":")[0] == ".." and not v.endswith(":ro") for v in worker.get("volumes", [])), \
+        "the repository is mounted writable into the worker"
+    dockerfile = (ROOT / worker["build"]["dockerfile"]).read_text()
+    reqs = [ln for ln in (ROOT / "deploy/requirements-worker.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert "requirements-worker.txt" in dockerfile and "torch==2.13.0" in dockerfile
+    assert reqs and all("==" in ln for ln in reqs), "unpinned worker dependency"
+    assert any(ln.startswith("prefect==3.8.8") for ln in reqs)
+
+
 @pytest.fixture(scope="module")
 def team(tmp_path_factory):
     reason = Postgres.unavailable()

@@ -7,6 +7,7 @@ position.
 """
 from __future__ import annotations
 
+import pickle
 import random
 import re
 from pathlib import Path
@@ -43,16 +44,29 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return cks[-1] if cks else None
 
 
+class UnsafeCheckpoint(Exception):
+    """A checkpoint file holding more than tensors and plain data: never unpickled."""
+
+
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state as tensors and plain numbers, so that checkpoints load with
+    `torch.load(weights_only=True)` (python's and numpy's own state objects would need pickle)."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "mt": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(x) for x in py["mt"].tolist()), py["gauss"]))
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -69,5 +83,13 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep_last: int)
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    # our own files, holding numpy/python RNG states as well as tensors
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Tensors and plain data only (`weights_only=True`): a run folder may be shared and writable by
+    others, and unpickling a crafted file would run its code. Anything else is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message is many lines of advice to load it anyway; keep only what it found
+        lines = [ln.strip() for ln in str(e).splitlines() if "WeightsUnpickler error" in ln or "Unsupported" in ln]
+        first = lines[0] if lines else type(e).__name__
+        raise UnsafeCheckpoint(f"refusing to load {path}: it holds objects other than tensors and plain data "
+                               f"({first[:160]}); it was not written by this version of quipu, or was tampered with") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from catalog.files import write_json_atomic
+from catalog.files import TMP_PREFIX, write_json_atomic
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.model import ModelConfig
 from trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
@@ -94,7 +94,7 @@ class atomic_dir:
     def __enter__(self) -> Path:
         import tempfile
         self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + self.final.name + ".", dir=self.final.parent))
+        self.tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX + self.final.name + ".", dir=self.final.parent))
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
@@ -104,7 +104,7 @@ class atomic_dir:
             return False
         old = None
         if self.final.exists():
-            old = self.final.with_name(".tmp-old-" + self.final.name)
+            old = self.final.with_name(TMP_PREFIX + "old-" + self.final.name)
             shutil.rmtree(old, ignore_errors=True)
             self.final.rename(old)
         self.tmp.rename(self.final)

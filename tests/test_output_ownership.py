@@ -1,0 +1,152 @@
+"""Issue 13, outputs owned by one run: a lock for the run's life, resume-or-refuse by identity,
+`--overwrite`, cleanup of quipu's own temporaries only, killed runs marked crashed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from catalog.files import TMP_PREFIX, atomic_path
+from catalog.ownership import IDENTITY_NAME, OutputInUse, OutputMismatch, check_free, claim, identity, output_lock
+from tests.conftest import ROOT, run_quipu, start_prefect_server
+from tests.textgen import make_docs, write_jsonl
+
+CONFIG = "configs/curate/demo.yaml"
+LIGHT = ["--set", "dedup.backend=none", "--set", "decontam.enabled=false"]
+
+
+# ---- the mechanism ----------------------------------------------------------------------------
+
+def test_second_lock_on_the_same_output_is_refused_naming_the_holder(tmp_path):
+    with output_lock(tmp_path / "out"):
+        with pytest.raises(OutputInUse, match=r"in use by another run \(pid \d+ on .* since "):
+            with output_lock(tmp_path / "out"):
+                pass
+        with pytest.raises(OutputInUse):
+            check_free(tmp_path / "out")
+    check_free(tmp_path / "out")            # released: free again
+    with output_lock(tmp_path / "out"):
+        pass
+
+
+def test_identity_decides_resume_refuse_or_overwrite(tmp_path):
+    out = tmp_path / "out"
+    owned = ["extract", "curated", "run.json"]
+    a, b = identity(["a.jsonl"], {"x": 1, "workers": 2}, ("workers",)), identity(["b.jsonl"], {"x": 1}, ("workers",))
+    assert identity(["a.jsonl"], {"x": 1, "workers": 8}, ("workers",)) == a     # workers do not change outputs
+    claim(out, a, owned)
+    (out / "curated").mkdir()
+    (out / "curated" / "part-00000.parquet").write_bytes(b"A's shard")
+    (out / "notes.txt").write_text("the user's own file")
+    claim(out, a, owned)                    # same inputs + config: resume
+    assert (out / "curated" / "part-00000.parquet").exists()
+    with pytest.raises(OutputMismatch, match="other inputs.*--overwrite"):
+        claim(out, b, owned)
+    with pytest.raises(OutputMismatch, match="another config"):
+        claim(out, identity(["a.jsonl"], {"x": 2}), owned)
+    claim(out, b, owned, overwrite=True)
+    assert not (out / "curated").exists() and (out / "notes.txt").read_text() == "the user's own file"
+    assert json.loads((out / IDENTITY_NAME).read_text()) == b
+
+
+def test_results_without_an_identity_are_not_taken_over(tmp_path):
+    out = tmp_path / "out"
+    (out / "curated").mkdir(parents=True)
+    with pytest.raises(OutputMismatch, match="recorded no identity"):
+        claim(out, identity([], {}), ["curated"])
+
+
+def test_cleanup_removes_only_quipus_own_temporaries_in_owned_folders(tmp_path):
+    out = tmp_path / "project"
+    claim(out, identity([], {}), ["langid"])          # the run starts: nothing to clean
+    (out / "langid" / "kept").mkdir(parents=True)
+    (out / "notes").mkdir()
+    ours = out / "langid" / "kept" / f"{TMP_PREFIX}x.parquet.abc"
+    ours.write_bytes(b"left by a killed run")
+    users = [out / ".tmp-notes.txt", out / "langid" / ".tmp-mine", out / "notes" / f"{TMP_PREFIX}other-run.parquet.1"]
+    for p in users:
+        p.write_text("not quipu's, or not in a folder this run owns")
+    assert claim(out, identity([], {}), ["langid"]) == 1     # the rerun
+    assert not ours.exists() and all(p.exists() for p in users)
+
+
+def test_atomic_writes_use_quipus_prefix(tmp_path):
+    seen = []
+    with atomic_path(tmp_path / "f.json") as tmp:
+        seen.append(tmp.name)
+        tmp.write_text("{}")
+    assert seen[0].startswith(TMP_PREFIX) and (tmp_path / "f.json").exists()
+
+
+# ---- through the CLI --------------------------------------------------------------------------
+
+def _inputs(tmp_path: Path, name: str, seed: int, n: int = 40) -> Path:
+    return write_jsonl(tmp_path / "in" / f"{name}.jsonl", make_docs(n, seed=seed))
+
+
+def _curate(*args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    return run_quipu("curate", CONFIG, *LIGHT, *args, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
+    """Two runs into one --output overlapping in time: the second is refused at once (exit 2, one
+    line) and the first completes untouched. A later run with other inputs is refused; with
+    --overwrite it replaces the folder and the old quarantine is gone from it and from the catalog."""
+    a, b = _inputs(tmp_path, "a", 1), _inputs(tmp_path, "b", 2)
+    bad = tmp_path / "in" / "bad.jsonl"
+    bad.write_text('{"id": "x", "text": "cut\n')                   # one quarantined line in run A
+    out = tmp_path / "out"
+    start_prefect_server()
+    first = subprocess.Popen([sys.executable, "-m", "flows.cli", "curate", CONFIG, *LIGHT, "--input", str(a),
+                              "--input", str(bad), "--output", str(out)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:     # wait until the first run holds the lock
+        try:
+            check_free(out)
+        except OutputInUse:
+            break
+        assert first.poll() is None, first.communicate()[1][-2000:]
+        time.sleep(0.2)
+    second = _curate("--input", str(b), "--output", str(out))
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "is in use by another run" in second.stderr and "Traceback" not in second.stderr
+    _, err = first.communicate(timeout=400)
+    assert first.returncode == 0, err[-3000:]
+    run_a = json.loads((out / "run.json").read_text())
+    assert run_a["quarantined"] == 1 and {Path(p).name for p in run_a["inputs"]} == {"a.jsonl", "bad.jsonl"}
+    parts_a = {p.name: p.read_bytes() for p in (out / "curated").glob("part-*.parquet")}
+    assert parts_a
+
+    again = _curate("--input", str(b), "--output", str(out))
+    assert again.returncode == 2 and "other inputs" in again.stderr and "--overwrite" in again.stderr
+    assert {p.name: p.read_bytes() for p in (out / "curated").glob("part-*.parquet")} == parts_a
+
+    resumed = _curate("--input", str(a), "--input", str(bad), "--output", str(out))   # the same run: resumes
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    over = _curate("--input", str(b), "--output", str(out), "--overwrite")
+    assert over.returncode == 0, over.stderr[-2000:]
+    run_b = json.loads((out / "run.json").read_text())
+    assert run_b["quarantined"] == 0 and not (out / "quarantine").exists()
+    ids = set(pq.read_table(out / "curated", columns=["id"]).column("id").to_pylist())
+    assert ids and all(i.startswith("doc-2-") for i in ids)
+    from catalog import registry
+    assert registry.get_dataset("out/quarantine") is None or registry.get_dataset("out/quarantine")["run_id"] != run_b["run_id"]
+
+
+@pytest.mark.slow
+def test_killed_run_is_marked_crashed_on_the_next_start(tmp_path, prefect_server):
+    from catalog import registry
+    out = (tmp_path / "out").resolve()
+    a = _inputs(tmp_path, "a", 3)
+    stale = registry.start_run("curate", {}, str(out))      # what a SIGKILLed run leaves in the catalog
+    r = _curate("--input", str(a), "--output", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert registry.get_run(stale)["status"] == "crashed"
