@@ -47,11 +47,13 @@ from tasks.benchmarks import Benchmark, load_benchmarks
 from tasks.schema import set_column
 from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, snippet, split_by_mask
 
-INDEX_VERSION = 1
-WORD = r"[\p{L}\p{N}\p{M}]+"                  # a word: letters, digits and marks (Rust regex)
-# Pieces of the original text that normalise independently: split at whitespace and ASCII
-# punctuation (never part of a word, never composed by NFKC; `<=>` compose with U+0338, kept).
-CHUNK = re.compile(r"[^\s!-/:;?@\[-`{-~]+")
+INDEX_VERSION = 2     # 2: NFKD, homoglyphs, accents and punctuation deleted
+WORD = r"[\p{L}\p{N}]+"                   # a word: letters and digits, after normalisation (Rust regex)
+# Pieces of the original text that normalise independently: punctuation no longer separates words
+# (it is deleted), so only whitespace does.
+# Punctuation is deleted, joining what it stood between ("don't" = "dont", "1/5" = "15"): copies
+# lose punctuation far more often than they gain spaces. So only whitespace separates words.
+CHUNK = re.compile(r"\S+")
 EXAMPLES_PER_BENCHMARK = 3
 HITS = pa.field("decontam_hits", pa.string())
 CUTS = pa.field("decontam_cuts", pa.string())
@@ -84,13 +86,42 @@ class DecontamConfig(StageConfig):
 
 # ---- normalisation and hashing ----------------------------------------------------------------
 
+# Latin look-alikes from Cyrillic and Greek (both cases, applied before casefold): a copied item
+# with a few letters swapped for homoglyphs must still match. Legitimate Cyrillic/Greek text maps
+# the same way in documents and benchmarks alike, so only matching is affected.
+HOMOGLYPHS = str.maketrans({
+    # Cyrillic
+    "\u0410": "A", "\u0412": "B", "\u0415": "E", "\u0405": "S", "\u0406": "I", "\u0408": "J", "\u041a": "K",
+    "\u041c": "M", "\u041d": "H", "\u041e": "O", "\u0420": "P", "\u0421": "C", "\u0422": "T", "\u0425": "X",
+    "\u0423": "Y", "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c", "\u0443": "y",
+    "\u0445": "x", "\u0455": "s", "\u0456": "i", "\u0458": "j", "\u0501": "d", "\u04bb": "h", "\u04cf": "l",
+    "\u051b": "q", "\u051d": "w",
+    # Greek
+    "\u0391": "A", "\u0392": "B", "\u0395": "E", "\u0396": "Z", "\u0397": "H", "\u0399": "I", "\u039a": "K",
+    "\u039c": "M", "\u039d": "N", "\u039f": "O", "\u03a1": "P", "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
+    "\u03b1": "a", "\u03b9": "i", "\u03bf": "o", "\u03bd": "v", "\u03c1": "p", "\u03c4": "t", "\u03c5": "u",
+    "\u03c7": "x", "\u03f2": "c", "\u03ba": "k",
+    # Latin variants
+    "\u0261": "g", "\u0131": "i",
+})
+MAX_MARKS = 8     # combining marks kept per base character (Zalgo text has hundreds)
+
+
 def split_words(texts: list[str]) -> tuple[pa.Array, np.ndarray]:
     """Normalised words of every text (flat) and the index of the text each word came from.
 
-    NFKC and casefold (lowercase that also folds ß/ss and final sigma) in Python, whose NFKC has a
-    quick check for the usual already-normal text; word extraction with polars' (Rust) regex."""
-    norm = [unicodedata.normalize("NFKC", t or "").casefold() for t in texts]
-    lists = pl.Series("t", norm, dtype=pl.String).str.extract_all(WORD)
+    Documents and benchmark items go through the same steps, so that the usual manglings of copied
+    text leave the words unchanged: runs of combining marks are capped (NFKD reorders a run in
+    quadratic time: 200,000 marks took 28 s); NFKD (full-width and compatibility forms to their
+    plain letters, accents split off); Cyrillic/Greek homoglyphs to Latin; casefold (also ß/ss);
+    then every character that is not a letter, digit or whitespace is deleted (accents, and
+    punctuation inside and between words: "don't" and "dont", "e-mail" and "email" are one word)
+    and words are the runs of letters and digits between whitespace (polars' Rust regex)."""
+    capped = pl.Series("t", texts, dtype=pl.String).fill_null("").str.replace_all(
+        r"(\p{M}{%d})\p{M}+" % MAX_MARKS, "$1")
+    norm = [unicodedata.normalize("NFKD", t).translate(HOMOGLYPHS).casefold() for t in capped.to_list()]
+    lists = (pl.Series("t", norm, dtype=pl.String).str.replace_all(r"[^\p{L}\p{N}\s]+", "")
+             .str.extract_all(WORD))
     counts = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
     words = lists.explode().drop_nulls().to_arrow().cast(pa.string())
     return words, np.repeat(np.arange(len(texts), dtype=np.int64), counts)
@@ -393,7 +424,8 @@ class Matcher:
         chunk_doc, chunk_start, chunk_end, chunk_text = [], [], [], []
         for d, t in enumerate(texts):
             for m in CHUNK.finditer(t):
-                chunk_doc.append(d); chunk_start.append(m.start()); chunk_end.append(m.end())
+                a, b = _word_span(m.group())   # the span without the punctuation around the word
+                chunk_doc.append(d); chunk_start.append(m.start() + a); chunk_end.append(m.start() + b)
                 chunk_text.append(m.group())
         words, wchunk = split_words(chunk_text)
         chunk_doc = np.asarray(chunk_doc, np.int64)
@@ -429,6 +461,15 @@ class Matcher:
                    for a, b in _merge(all_spans)]
             out.append(DocMatches(hits, _merge(cut)))
         return out
+
+
+def _word_span(chunk: str) -> tuple[int, int]:
+    """Offsets of the first and last letter/digit (or mark) of a chunk: "(today?" -> "today"."""
+    def word_char(c: str) -> bool:
+        return c.isalnum() or unicodedata.category(c)[0] == "M"
+    a = next((i for i, c in enumerate(chunk) if word_char(c)), 0)
+    b = next((i + 1 for i in range(len(chunk) - 1, -1, -1) if word_char(chunk[i])), len(chunk))
+    return (a, b) if a < b else (0, len(chunk))
 
 
 def _widen(text: str, a: int, b: int) -> tuple[int, int]:

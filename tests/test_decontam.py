@@ -184,7 +184,8 @@ def test_cli_rejects_bad_benchmark_before_reading_documents(tmp_path, shared_dat
 # ---- normalisation and matching ---------------------------------------------------------------
 
 def test_normalisation_folds_case_punctuation_width_and_ligatures():
-    assert normalize("Ｈｅｌｌｏ,\n  WORLD!! ﬁne — x_y café") == "hello world fine x y café"
+    # accents go and punctuation joins what it stands between (x_y, don't); only whitespace separates
+    assert normalize("Ｈｅｌｌｏ,\n  WORLD!! ﬁne — x_y café") == "hello world fine xy cafe"
     assert normalize("e\u0301") == normalize("\u00e9")
 
 
