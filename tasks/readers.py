@@ -590,7 +590,7 @@ def _parquet_record(path: str, row: int, obj: dict, text, limits: ReadLimits) ->
 _UUID = re.compile(r"<?urn:uuid:([0-9a-fA-F-]+)>?")
 # where a record may start in an uncompressed file: a WARC version line, or an ARC header line
 # (url ip-address 14-digit-date mime length)
-_RECORD_START = re.compile(rb"(?:^|\n)(WARC/\d\.\d+\r?\n|\S+ \d{1,3}(?:\.\d{1,3}){3} \d{14} \S+ \d+\r?\n)")
+_RECORD_START = re.compile(rb"\n(WARC/\d\.\d+\r?\n|\S+ \d{1,3}(?:\.\d{1,3}){3} \d{14} \S+ \d+\r?\n)")
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 
 
@@ -666,17 +666,18 @@ def _next_record_start(fh, after: int, gzipped: bool) -> int | None:
                 head = zlib.decompressobj(31).decompress(fh.read(64 << 10), 256)
             except zlib.error:
                 head = b""
-            if head.startswith(b"WARC/") or _RECORD_START.match(head):
+            if head.startswith(b"WARC/") or _RECORD_START.match(b"\n" + head):
                 return cand
             pos = cand + 1
         return None
-    fh.seek(after + 1)
-    pos, tail = after + 1, b""
+    # a record starts right after a newline: scanning from `after` itself lets a newline there count
+    fh.seek(after)
+    pos, tail = after, b""
     while block := fh.read(CHUNK):
         data = tail + block
         for m in _RECORD_START.finditer(data):
             start = pos - len(tail) + m.start(1)
-            if start > after and m.end() < len(data):
+            if start > after and (m.end() < len(data) or len(block) < CHUNK):
                 return start
         tail = data[-4096:]
         pos += len(block)
@@ -698,7 +699,9 @@ def read_warc(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) ->
         seen = 0
         while start is not None:
             try:
-                start = yield from _read_warc_from(fh, path, start, stats, limits, gzipped, first)
+                nxt = yield from _read_warc_from(fh, path, start, stats, limits, gzipped, first)
+                # every restart is further into the file than the last: a file cannot loop
+                start = nxt if nxt is None or nxt > start else _next_record_start(fh, start, gzipped)
             except _NonChunkedGzip as e:
                 # the whole file is one gzip stream (`gzip file.warc`): valid, only not seekable per
                 # record. Read it again decompressed, as a plain WARC, past the records already read.
@@ -751,10 +754,19 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
     except Exception as e:
         if gzipped and "non-chunked gzip" in str(e):
             raise _NonChunkedGzip(n) from None
-        at = it.offset if n == 0 or it.member_info is not None else rec_start
-        nxt = _next_record_start(fh, at, gzipped)
+        after_record = n > 0 and it.member_info is not None   # the record after a parsed one failed
+        at = it.offset if n == 0 or after_record else rec_start
+        # In an uncompressed file, a Content-Length too large by less than a record makes the record
+        # before take the next one's head, and parsing fails after it: look for a header from inside
+        # that record's block, so the next record is read, not lost.
+        nxt = _next_record_start(fh, rec_start if after_record and not gzipped else at, gzipped)
+        if nxt == at:   # the record at `at` has a header but cannot be parsed: it is the damaged one
+            nxt = _next_record_start(fh, at, gzipped)
         if first and n == 0 and nxt is None:
             what = "not a readable WARC/ARC file"
+        elif nxt is not None and nxt < at:
+            what = (f"the record at offset {rec_start} ran into the next record (a wrong Content-Length?); "
+                    f"it may be damaged, and no record starts at offset {at}")
         else:
             what = f"unreadable bytes {at}-{nxt - 1 if nxt is not None else 'end'}"
         resumed = f"; reading resumed at offset {nxt}" if nxt is not None else ""

@@ -30,9 +30,10 @@ SHARED_BAD = {
     "resiliparse__warcfile.warc.lz4": {"quarantine": {"unsupported file type"}},
     "ukwa__truncated_datetime.warc": {"docs": 2},           # only the WARC-Date is odd: the pages are fine
     # damaged ranges are quarantined and reading resumes at the next record header after each
-    "wac__IAH-20080430204825-00000-blackbook-truncated.arc": {"quarantine": {"unreadable bytes 1459-1514"}, "docs": 2},
+    "wac__IAH-20080430204825-00000-blackbook-truncated.arc": {"quarantine": {"the record at offset 0 ran into the next record"}, "docs": 3},
     "wac__cz-pagesinczech.arc.gz": {"quarantine": {"unreadable bytes 0-767"}, "docs": 2},
-    "wac__link-extraction-test.warc": {"quarantine": {"unreadable bytes 3605-5118"}, "docs": 4},
+    "wac__link-extraction-test.warc": {"quarantine": {"the record at offset 2807 ran into the next record",
+                                                      "unreadable bytes 10562-end: AttributeError"}, "docs": 5},
     "warcio__bad.arc": {"quarantine": {"HTTP response without a parseable status line and headers"},
                         "removed": {"extract:not_html:unknown"}},
     # one gzip stream over all records (`gzip file.warc`): read decompressed, nothing lost
