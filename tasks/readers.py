@@ -260,6 +260,15 @@ def _zeros_to_end(fh, pos: int) -> bool:
     return True
 
 
+def _blank_from(fh, pos: int) -> bool:
+    """True when nothing but whitespace and NUL padding follows `pos` (the end of a good file)."""
+    fh.seek(pos)
+    while block := fh.read(CHUNK):
+        if block.strip(b"\x00\r\n\t "):
+            return False
+    return True
+
+
 def _tell_end(fh) -> int:
     fh.seek(0, os.SEEK_END)
     return fh.tell()
@@ -594,6 +603,9 @@ _RECORD_START = re.compile(rb"\n(WARC/\d\.\d+\r?\n|\S+ \d{1,3}(?:\.\d{1,3}){3} \
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 
 
+WARC_TYPES = ("warcinfo", "response", "resource", "request", "metadata", "revisit", "conversion", "continuation")
+
+
 class HeaderLineTooLong(ValueError):
     pass
 
@@ -655,21 +667,29 @@ def _record_damage(record) -> str | None:
     return None
 
 
-def _next_record_start(fh, after: int, gzipped: bool) -> int | None:
-    """The offset of the first record header after byte `after`: in a gzipped file a gzip member
-    whose first bytes decompress to a WARC/ARC header, else a header line at a line start."""
-    if gzipped:
-        pos = after + 1
-        while (cand := _find_magic(fh, pos, _GZIP_MAGIC)) is not None:
-            fh.seek(cand)
-            try:
-                head = zlib.decompressobj(31).decompress(fh.read(64 << 10), 256)
-            except zlib.error:
-                head = b""
-            if head.startswith(b"WARC/") or _RECORD_START.match(b"\n" + head):
-                return cand
-            pos = cand + 1
-        return None
+def _next_record_start(fh, after: int, gzipped: bool = False) -> int | None:
+    """The offset of the first record header after byte `after`: a gzip member whose first bytes
+    decompress to a WARC/ARC header, or a header line right after a newline, whichever comes first
+    (a damaged gzip header can make a compressed file look plain, and the reverse)."""
+    found = [x for x in (_next_gzip_record(fh, after), _next_plain_record(fh, after)) if x is not None]
+    return min(found) if found else None
+
+
+def _next_gzip_record(fh, after: int) -> int | None:
+    pos = after + 1
+    while (cand := _find_magic(fh, pos, _GZIP_MAGIC)) is not None:
+        fh.seek(cand)
+        try:
+            head = zlib.decompressobj(31).decompress(fh.read(64 << 10), 256)
+        except zlib.error:
+            head = b""
+        if head.startswith(b"WARC/") or _RECORD_START.match(b"\n" + head):
+            return cand
+        pos = cand + 1
+    return None
+
+
+def _next_plain_record(fh, after: int) -> int | None:
     # a record starts right after a newline: scanning from `after` itself lets a newline there count
     fh.seek(after)
     pos, tail = after, b""
@@ -745,21 +765,32 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
             if n <= skip:   # already read before the file turned out to be one gzip stream
                 it.read_to_end()
                 continue
-            item, damaged = _warc_item(it, record, path, stats, limits)
+            item, damaged = _warc_item(it, record, path, stats, limits, rec_start)
             if item is not None:
                 yield item
             if damaged:  # its block ran past the data (a wrong Content-Length): later records may be inside it
                 return _next_record_start(fh, rec_start, gzipped)
-        return None
+        # warcio ends quietly on a corrupt gzip member (it prints the zlib error and reads on as if
+        # the file ended): reading that stops before the end of the file is damage, never the end
+        stop = it.offset
+        if _blank_from(fh, stop):
+            return None
+        nxt = _next_record_start(fh, rec_start if n else start, gzipped)
+        nxt = nxt if nxt is None or nxt > start else _next_record_start(fh, stop, gzipped)
+        resumed = f"; reading resumed at offset {nxt}" if nxt is not None else ""
+        yield Quarantined(path, f"offset {stop}", f"unreadable bytes {stop}-{nxt - 1 if nxt is not None and nxt > stop else 'end'}: "
+                                                  f"the archive could not be read past offset {stop} (corrupt compressed data?){resumed}")
+        return nxt
     except Exception as e:
         if gzipped and "non-chunked gzip" in str(e):
             raise _NonChunkedGzip(n) from None
         after_record = n > 0 and it.member_info is not None   # the record after a parsed one failed
         at = it.offset if n == 0 or after_record else rec_start
-        # In an uncompressed file, a Content-Length too large by less than a record makes the record
-        # before take the next one's head, and parsing fails after it: look for a header from inside
-        # that record's block, so the next record is read, not lost.
-        nxt = _next_record_start(fh, rec_start if after_record and not gzipped else at, gzipped)
+        # When the record after a parsed one fails, what failed may have started inside that record
+        # (a Content-Length too large by less than a record takes the next one's head) or warcio may
+        # have read past good gzip members (it reads a member it cannot decompress as plain text):
+        # look for the next header right after the parsed record's start, so nothing whole is lost.
+        nxt = _next_record_start(fh, rec_start if after_record else at, gzipped)
         if nxt == at:   # the record at `at` has a header but cannot be parsed: it is the damaged one
             nxt = _next_record_start(fh, at, gzipped)
         if first and n == 0 and nxt is None:
@@ -775,11 +806,21 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
         return nxt
 
 
-def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits):
+def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_start: int):
     """(RawRecord | Quarantined | None, damaged?) for one parsed record."""
     rtype = record.rec_type
+    length = record.rec_headers.get_header("Content-Length") if record.format.startswith("warc") else "0"
+    if length is None or not length.strip().isdigit():
+        # without a length warcio reads to the end of the file as this one record: every record
+        # after it would vanish inside it. Not read; reading resumes at the next header.
+        return Quarantined(path, f"offset {rec_start}", f"WARC record without a valid Content-Length "
+                                                        f"({length!r}): not read", "", _warc_id(record, path, rec_start)), True
+    if rtype not in WARC_TYPES:   # warcio parsed something that is no record (e.g. bytes before a gzip member)
+        offset = it.get_record_offset()
+        return Quarantined(path, f"offset {offset}", f"not a WARC/ARC record (type {rtype!r}): bytes "
+                                                     f"{offset}-{offset + it.get_record_length() - 1} skipped"), True
     if rtype not in ("response", "resource", "conversion"):
-        stats.skip(rtype or "unknown")
+        stats.skip(rtype)
         it.read_to_end()
         return None, _truncated(record)
     url = record.rec_headers.get_header("WARC-Target-URI")
