@@ -294,7 +294,26 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
         if not data:
             data = fh.read(CHUNK)
             if not data:
-                break
+                if dec is None:
+                    return
+                if what == "gzip":   # zlib may hold the last output when the input ended at the output cap
+                    try:
+                        tail = dec.flush()
+                    except zlib.error:
+                        tail = b""
+                    if tail:
+                        yield tail
+                if dec.eof:
+                    return
+                # the file ended inside a member: cut short, or a damaged member whose compressed
+                # stream ran on through the members after it. Those may still be whole: look again.
+                nxt, damage = resync(member_start, f"file truncated inside the {what} member that starts at byte {member_start}")
+                yield damage
+                if nxt is None:
+                    return
+                fh.seek(nxt)
+                pos, data, dec = nxt, b"", None
+                continue
         if dec is None:
             if len(data) < len(magic):
                 data += fh.read(CHUNK)
@@ -328,17 +347,7 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
             pos -= len(rest)
             data = rest + data
             dec = None
-    if dec is not None and hasattr(dec, "flush") and what == "gzip":
-        try:  # output zlib still holds when the input ran out exactly as the output cap was reached
-            out = dec.flush()
-        except errors:
-            out = b""
-        if out:
-            yield out
-        if dec.eof:
-            dec = None
-    if dec is not None:
-        yield _Damage(f"file truncated inside the {what} member that starts at byte {member_start}")
+
 
 
 def _feed_gzip(dec, data: bytes) -> tuple[bytes, int]:
@@ -757,6 +766,7 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
     it.reader = reader_cls(it.fh)            # before the first read: warcio builds records on it lazily
     it.INC_RECORD = ""                       # warcio prints a warning to stderr; we report it instead
     rec_start = start
+    prev_start: int | None = None
     n = 0
     try:
         for record in it:
@@ -768,8 +778,13 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
             item, damaged = _warc_item(it, record, path, stats, limits, rec_start)
             if item is not None:
                 yield item
+            if damaged == "junk" and prev_start is not None:
+                # no record starts here: the record before ran past its end and may hide whole ones
+                nxt = _next_record_start(fh, prev_start, gzipped)
+                return nxt if nxt != rec_start else _next_record_start(fh, rec_start, gzipped)
             if damaged:  # its block ran past the data (a wrong Content-Length): later records may be inside it
                 return _next_record_start(fh, rec_start, gzipped)
+            prev_start = rec_start
         # warcio ends quietly on a corrupt gzip member (it prints the zlib error and reads on as if
         # the file ended): reading that stops before the end of the file is damage, never the end
         stop = it.offset
@@ -807,18 +822,19 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
 
 
 def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_start: int):
-    """(RawRecord | Quarantined | None, damaged?) for one parsed record."""
+    """(RawRecord | Quarantined | None, damage) for one parsed record; damage is False, True (the
+    record's block ran past the data) or "junk" (what warcio parsed is no record at all)."""
     rtype = record.rec_type
-    length = record.rec_headers.get_header("Content-Length") if record.format.startswith("warc") else "0"
-    if length is None or not length.strip().isdigit():
+    if record.length is None:
+        length = record.rec_headers.get_header("Content-Length")
         # without a length warcio reads to the end of the file as this one record: every record
         # after it would vanish inside it. Not read; reading resumes at the next header.
         return Quarantined(path, f"offset {rec_start}", f"WARC record without a valid Content-Length "
-                                                        f"({length!r}): not read", "", _warc_id(record, path, rec_start)), True
+                                                        f"({length!r}): not read", "", _warc_id(record, path, rec_start)), "junk"
     if rtype not in WARC_TYPES:   # warcio parsed something that is no record (e.g. bytes before a gzip member)
         offset = it.get_record_offset()
         return Quarantined(path, f"offset {offset}", f"not a WARC/ARC record (type {rtype!r}): bytes "
-                                                     f"{offset}-{offset + it.get_record_length() - 1} skipped"), True
+                                                     f"{offset}-{offset + it.get_record_length() - 1} skipped"), "junk"
     if rtype not in ("response", "resource", "conversion"):
         stats.skip(rtype)
         it.read_to_end()

@@ -193,6 +193,11 @@ def build_bad_corpus(d: Path) -> dict:
     pq.write_table(pa.table({"id": [x["id"] for x in docs] + ["null-text"], "text": [x["text"] for x in docs] + [None]}),
                    d / "ok.parquet")
     exp["ok.parquet"] = {"records": 6, "quarantine_at": {"row 5": "null 'text'"}}
+
+    # 9. issue 13's hostile files: bombs, a gigantic header line, deep nesting, huge numbers,
+    #    dictionary/string_view parquet, an interrupted WARC, a lying Content-Length, a FIFO, a dangling link
+    from tests.test_hostile_input import build_hostile_corpus
+    exp.update(build_hostile_corpus(d))
     return exp
 
 
@@ -267,6 +272,10 @@ def all_stages_args(models: dict) -> list[str]:
             "--set", "dedup.backend=none"]
 
 
+# The stated bound on one curate process with every stage on (models loaded), whatever the input:
+# readers hold at most extract.max_record_bytes (50 MB) of one record and a decompression chunk.
+PEAK_RSS_BOUND_MB = 2048
+
 SHARED_INPUTS = ["text/en_ud_ewt_web.jsonl", "web/dolma__sample-0000.warc.gz", "web/pywb__example.warc.gz",
                  "web/bad/resiliparse__clipped.warc.gz", "web/bad/warcio__example-trunc.warc",
                  "web/bad/wac__link-extraction-test.warc", "web/bad/warcio__example-bad-non-chunked.warc.gz"]
@@ -285,9 +294,18 @@ def test_bad_input_corpus_is_fully_accounted_for(tmp_path, shared_data, tiny_mod
     args = ["curate", str(DEMO), "--output", str(out), *all_stages_args(tiny_models)]
     for p in inputs:
         args += ["--input", p]
-    r = run_quipu(*args, timeout=900)
+    # run through a wrapper that reports the peak RSS of the curate process and its children
+    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+               "print('PEAK_RSS_MB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, file=sys.stderr); "
+               "sys.exit(p.returncode)")
+    start_prefect_server()
+    r = subprocess.run([sys.executable, "-c", wrapper, *quipu_cmd(*args)], capture_output=True, text=True,
+                       timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Traceback" not in r.stderr
+    peak = int(re.search(r"PEAK_RSS_MB (\d+)", r.stderr).group(1))
+    print(f"bad-input run with bombs: peak RSS {peak} MB (bound {PEAK_RSS_BOUND_MB} MB)")
+    assert peak < PEAK_RSS_BOUND_MB, peak
     check_bad_input_run(out, inputs, expected)
 
 

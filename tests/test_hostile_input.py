@@ -308,3 +308,51 @@ def test_file_time_budget_stops_one_file_with_a_reason(tmp_path):
     docs, quarantined = records(items)
     assert len(docs) >= 1 and len(quarantined) == 1
     assert quarantined[0].reason.startswith("time budget exceeded") and quarantined[0].record.startswith("after line")
+
+
+# ---- the hostile files of every format, for the end-to-end run (tests/test_fault_suite.py) ------
+
+def build_hostile_corpus(d: Path) -> dict[str, dict]:
+    """One file per reproduction above (bombs included), in `d`; returns what each must give in
+    the fault suite's terms: `records` read, `quarantine` reasons (substrings)."""
+    d.mkdir(parents=True, exist_ok=True)
+    exp: dict[str, dict] = {}
+    _gzip_of_zeros(d / "bomb.jsonl.gz", 1)                       # 1 MB -> 1 GiB of zeros, no newline
+    exp["bomb.jsonl.gz"] = {"records": 1, "quarantine": ["decompression stopped"]}
+    with open(d / "bomb.jsonl.zst", "wb") as fh, zstandard.ZstdCompressor(level=19).stream_writer(fh) as w:
+        for _ in range(64):
+            w.write(b"\x00" * (16 << 20))
+    exp["bomb.jsonl.zst"] = {"records": 1, "quarantine": ["decompression stopped"]}
+    with open(d / "header-line.warc", "wb") as fh:              # a 64 MB HTTP header line, then a good record
+        http_len = len(b"HTTP/1.1 200 OK\r\nX-Junk: ") + (64 << 20) + 4
+        fh.write(b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: https://example.org/h0\r\n"
+                 b"Content-Type: application/http; msgtype=response\r\n" + f"Content-Length: {http_len}\r\n\r\n".encode()
+                 + b"HTTP/1.1 200 OK\r\nX-Junk: ")
+        for _ in range(64):
+            fh.write(b"a" * (1 << 20))
+        fh.write(b"\r\n\r\n\r\n\r\n" + warc_record("https://example.org/h1", page(1), 1))
+    exp["header-line.warc"] = {"records": 2, "quarantine": ["HeaderLineTooLong"]}
+    lines = [jline(i) for i in range(20)]
+    lines[3] = b"[" * 1000 + b"]" * 1000 + b"\n"
+    lines[4] = b'{"id": "big", "text": "x", "n": ' + b"9" * 5000 + b"}\n"
+    (d / "nested-and-huge-int.jsonl").write_bytes(b"".join(lines))
+    exp["nested-and-huge-int.jsonl"] = {"records": 20, "quarantine_at": {"line 4": "nested too deeply",
+                                                                        "line 5": "unparseable JSON value"}}
+    texts = [TEXT + f" Row {i}." for i in range(5)]
+    pq.write_table(pa.table({"id": [f"dict-{i}" for i in range(5)], "text": pa.array(texts).dictionary_encode()}),
+                   d / "dictionary-text.parquet")
+    pq.write_table(pa.table({"id": [f"view-{i}" for i in range(5)], "text": pa.array(texts, pa.string_view())}),
+                   d / "string-view-text.parquet")
+    exp["dictionary-text.parquet"] = exp["string-view-text.parquet"] = {"records": 5}
+    last = warc_record(None, page(2), 2)
+    (d / "interrupted.warc").write_bytes(warc_record("https://example.org/i0", page(0), 0) + last[: len(last) // 2])
+    exp["interrupted.warc"] = {"records": 2}
+    (d / "liar.warc").write_bytes(warc_record("https://example.org/l0", page(0), 0)
+                                  + warc_record("https://example.org/l1", page(1), 1, content_length=10**12)
+                                  + warc_record("https://example.org/l2", page(2), 2))
+    exp["liar.warc"] = {"records": 3, "quarantine": ["record truncated"]}
+    os.mkfifo(d / "pipe.jsonl")
+    os.symlink(d / "gone.jsonl", d / "dangling.jsonl")
+    exp["pipe.jsonl"] = {"records": 1, "quarantine_at": {"file": "named pipe (FIFO)"}}
+    exp["dangling.jsonl"] = {"records": 1, "quarantine_at": {"file": "dangling symbolic link"}}
+    return exp
