@@ -197,7 +197,9 @@ def undamaged(fmt: str, b: Built, damage: list[tuple[int, int]], kind: str) -> s
     - per-record gzip WARC, JSONL.gz, JSONL.zst: members/frames not touching the damage (each is
       its own unit; reading resumes at the next member/frame header).
     - plain WARC and ARC: records not touching the damage and not right after a touched record (a
-      damaged length or header may take the start of the next record with it).
+      damaged length or header may take the start of the next record with it). ARC, two after: its
+      header is a free-form text line, so a line of the damaged record's text can pass for one
+      (warcio parses `What do you eat 2 ...` as a record) and the resync starts after that.
     - JSONL: lines not touching the damage or a neighbouring line (a damaged newline joins two).
     - parquet: nothing if the metadata at the end is touched (or the file truncated), else the row
       groups not touching the damage; after an insertion or deletion, only the row groups before it
@@ -220,6 +222,8 @@ def undamaged(fmt: str, b: Built, damage: list[tuple[int, int]], kind: str) -> s
         if hit[i]:
             continue
         if fmt in ("warc", "arc", "jsonl") and i > 0 and hit[i - 1]:
+            continue
+        if fmt == "arc" and i > 1 and hit[i - 2]:
             continue
         if fmt == "jsonl" and i + 1 < len(hit) and hit[i + 1] and kind != "truncate":
             continue

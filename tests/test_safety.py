@@ -126,3 +126,19 @@ def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
         assert r.get("t:commit-lock") == b"someone-else"   # release never deletes another run's lock
     finally:
         server.stop()
+
+
+def test_domain_errors_map_to_one_line_exit_codes(capsys, monkeypatch):
+    """Errors the detecting code already worded reach the user as one `quipu: ...` line."""
+    import flows.cli as cli
+    from catalog.ownership import OutputInUse
+    from tasks.dedup_index import ConcurrentCommit
+    for exc, code in ((ConcurrentCommit("the dedup index /x changed while this run was planning: rerun"), 1),
+                      (OutputInUse("/out is in use by another run (pid 1 on h since t)"), 2)):
+        def boom(args, exc=exc):
+            raise exc
+        monkeypatch.setattr(cli, "cmd_report", boom)
+        assert cli.main(["report", "/nowhere"]) == code
+        err = capsys.readouterr().err
+        assert err.strip() == f"quipu: {exc}" and "Traceback" not in err
+    assert cli.domain_exit_code(KeyError("bug")) is None
