@@ -46,6 +46,14 @@ def _holder(fd: int) -> str:
         return "holder unknown"
 
 
+def _lock(fd: int, run_dir: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputInUse(f"{run_dir} is in use by another run ({_holder(fd)}); wait for it to finish "
+                          f"or choose another --output") from None
+
+
 @contextlib.contextmanager
 def output_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     """Hold OUT exclusively for the block; OutputInUse (one line) if another process holds it."""
@@ -53,11 +61,7 @@ def output_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputInUse(f"{run_dir} is in use by another run ({_holder(fd)}); wait for it to finish "
-                              f"or choose another --output") from None
+        _lock(fd, run_dir)
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
         os.ftruncate(fd, 0)
@@ -77,11 +81,7 @@ def check_free(run_dir: str | os.PathLike) -> None:
         return
     fd = os.open(lock, os.O_RDWR)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputInUse(f"{Path(run_dir)} is in use by another run ({_holder(fd)}); wait for it to finish "
-                              f"or choose another --output") from None
+        _lock(fd, Path(run_dir))
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)

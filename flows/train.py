@@ -14,6 +14,7 @@ from prefect import flow, get_run_logger, task
 
 from catalog import registry
 from catalog.files import remove_stale_temporaries
+from catalog.ownership import output_lock
 from trainer.data import format_blend_report, resolve_phase_starts
 from trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
 from trainer.train import TrainConfig, train
@@ -65,9 +66,14 @@ class ProgressReporter:
 
 @flow(name="tokenize-train", log_prints=True, persist_result=False)
 def tokenize_train(config: TrainConfig, resume: bool = False) -> dict:
-    log = get_run_logger()
     run_dir = Path(config.output).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with output_lock(run_dir):   # one training run per run folder (a killed one's lock is gone with it)
+        registry.mark_stale_runs_crashed("tokenize-train", output=str(run_dir))
+        return _tokenize_train(config, resume, run_dir)
+
+
+def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path) -> dict:
+    log = get_run_logger()
     remove_stale_temporaries(run_dir)
     sources = preflight(config)
     run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))

@@ -25,6 +25,10 @@ def cmd_train(args) -> int:
     from flows.train import preflight
     try:
         preflight(config)   # sources, weights, phase boundaries: fail before any work
+        from pathlib import Path
+
+        from catalog.ownership import check_free
+        check_free(Path(config.output).resolve())   # another live run in this folder: say so before Prefect
         from flows.train import tokenize_train
         summary = tokenize_train(config, resume=args.resume)
     except (BlendError, FileNotFoundError, TrainingDiverged) as e:
