@@ -497,21 +497,37 @@ class RedisIndex(DedupIndex):
 
 
 @contextlib.contextmanager
-def commit_lock(r, key: str, ttl: int = 900, wait_s: float = 600):
-    """redis-py's Lock: acquired with SET NX PX, released by an atomic compare-and-delete script, so
-    a run never deletes a lock another run took after its own expired. A killed holder's lock
-    expires after `ttl` seconds; a commit waits up to `wait_s` for it."""
+def commit_lock(r, key: str, ttl: int = 30, wait_s: float = 600):
+    """redis-py's Lock: taken with SET NX PX, released by an atomic compare-and-delete script, so a
+    run never deletes a lock another run took after its own expired. The lock lives `ttl` seconds
+    and a heartbeat renews it every ttl/3 while the commit runs: a killed holder's lock is gone
+    within `ttl` seconds; a commit waits up to `wait_s` for it."""
+    import threading
+
     import redis
     lock = r.lock(key, timeout=ttl, blocking_timeout=wait_s, thread_local=False)
     if not lock.acquire():
         raise ConcurrentCommit(f"the dedup index lock {key} is held by another run (waited {wait_s:g} s): rerun later")
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.wait(ttl / 3):
+            try:
+                lock.reacquire()
+            except redis.exceptions.LockError:
+                return
+
+    beat = threading.Thread(target=heartbeat, name="dedup-commit-lock", daemon=True)
+    beat.start()
     try:
         yield lock
     finally:
+        stop.set()
+        beat.join()
         try:
             lock.release()
         except redis.exceptions.LockNotOwnedError:
-            pass   # it expired during a commit longer than `ttl`: the manifest check caught any overlap
+            pass   # it expired (the heartbeat could not reach Redis): the manifest check guards the commit
 
 
 class LocalIndex:

@@ -121,6 +121,12 @@ def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
             with pytest.raises(ConcurrentCommit, match="held by another run"):
                 with commit_lock(r, "t:commit-lock", ttl=30, wait_s=0.5):
                     pass
+        with commit_lock(r, "t:beat", ttl=1, wait_s=5) as lock:
+            import time
+            time.sleep(2.5)                              # longer than its lifetime: the heartbeat renews it
+            assert lock.owned()
+        assert r.get("t:beat") is None
+        with commit_lock(r, "t:commit-lock", ttl=30, wait_s=5) as lock:
             r.set("t:commit-lock", "someone-else")     # our lock expired and another run took it
             assert not lock.owned()
         assert r.get("t:commit-lock") == b"someone-else"   # release never deletes another run's lock
