@@ -226,12 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as e:
         print(f"quipu: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        code = domain_exit_code(e)
-        if code is None:
-            raise
-        print(f"quipu: {e}", file=sys.stderr)
-        return code
     except KeyboardInterrupt:
         print("quipu: interrupted", file=sys.stderr)
         return 130
@@ -241,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         raise
+    except Exception as e:
+        code = domain_exit_code(e)
+        if code is None:
+            raise
+        print(f"quipu: {e}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

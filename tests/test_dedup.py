@@ -196,7 +196,10 @@ def test_config_presets_and_errors():
         load_config(CurateConfig, data={"dedup": {"lsh_threshold": 0.9}})
     with pytest.raises(ConfigError, match="dedup.polcy: unknown key"):
         load_config(CurateConfig, data={"dedup": {"polcy": "quality"}})
-    assert index_name(load_config(CurateConfig, data={"dataset": "cc/2026"}).dedup, "runs/x") == "cc_2026"
+    with pytest.raises(ConfigError, match="dataset: .*not a safe name"):   # names become folder names (issue 13)
+        load_config(CurateConfig, data={"dataset": "cc/2026"})
+    cfg = load_config(CurateConfig, data={"dataset": "cc-2026"})
+    assert index_name(cfg.dedup, "runs/x") == "cc-2026"
     own = index_name(load_config(CurateConfig, data={"output": "runs/cc-a"}).dedup, "runs/cc-a")
     assert own.startswith("cc-a-") and own != index_name(DedupConfig(), "elsewhere/cc-a")
     assert index_name(load_config(CurateConfig, data={"dedup": {"index": "main"}}).dedup, None) == "main"

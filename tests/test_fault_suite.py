@@ -511,8 +511,8 @@ def test_sigkill_train_between_and_during_checkpoint_writes_resumes_exactly(tmp_
     for _ in range(4):
         stale = {p.name for p in ck.glob(".tmp-*")}
         Killer(["train", str(cfg), "--output", str(run), "--resume"]).run_until(
-            lambda: any(p.name not in stale for p in ck.glob(".tmp-step-*")), "a checkpoint being written")
-        if any(p.name not in stale for p in ck.glob(".tmp-step-*")):
+            lambda: any(p.name not in stale for p in ck.glob(".tmp-quipu-step-*")), "a checkpoint being written")
+        if any(p.name not in stale for p in ck.glob(".tmp-quipu-step-*")):
             hit = True
             break
     assert hit, "never killed inside a checkpoint write"

@@ -111,11 +111,13 @@ def test_disk_full_fails_clearly_and_keeps_earlier_outputs(prefect_server, tmp_p
     assert before
     big = write_jsonl(tmp_path / "in2" / "big.jsonl", make_docs(3000, seed=2))  # ~10 MB: cannot fit
     capsys.readouterr()
-    rc = main(["curate", str(_config(tmp_path)), "--input", str(big), "--output", str(out)])
+    # a second run on the same full disk (another output: one with other inputs would be refused first)
+    out2 = small_tmpfs / "run2"
+    rc = main(["curate", str(_config(tmp_path)), "--input", str(big), "--output", str(out2)])
     err = capsys.readouterr().err
     assert rc == 1 and "No space left on device" in err and "Traceback" not in err
     assert {p: sha256_file(p) for p in (out / "curated").glob("*.parquet")} == before
-    assert not list(out.rglob(".tmp-*"))
+    assert not list(out.rglob(".tmp-*")) and not list(out2.rglob(".tmp-*"))
 
 
 @pytest.mark.slow

@@ -65,8 +65,11 @@ def check_accounting(result: dict) -> None:
 
 def run_child(code: str, timeout: int = 240) -> dict:
     """Run `code` in a fresh interpreter (repo root on the path); it prints one JSON line last."""
-    wrapped = ("import json, resource, sys\nsys.path.insert(0, %r)\n" % str(ROOT) + code +
-               "\nprint(json.dumps({**out, 'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so a child of a large pytest
+    # process would report the parent's size; VmHWM belongs to the child's own address space
+    wrapped = ("import json, re, sys\nsys.path.insert(0, %r)\n" % str(ROOT) + code +
+               "\nhwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+               "\nprint(json.dumps({**out, 'rss_mb': hwm / 1024}))")
     p = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
