@@ -24,7 +24,6 @@ import contextlib
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable

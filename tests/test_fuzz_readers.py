@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import random
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from hypothesis import HealthCheck, example, given, seed, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tasks.extract import ExtractConfig, extract_file

@@ -7,7 +7,6 @@ process (`ru_maxrss`) so that the test process's own allocations do not blur the
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import subprocess

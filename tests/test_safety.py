@@ -3,7 +3,6 @@ folder, Redis commits take an atomic lock."""
 from __future__ import annotations
 
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
