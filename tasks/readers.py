@@ -278,19 +278,25 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
     """Decompressed chunks of concatenated members (gzip members, zstd frames), bounded in size by
     `feed(decoder, data) -> (output, input bytes consumed)`. Bytes that are no member, a corrupt
     member and a member cut by the end of the file are reported as damage; reading resumes at the
-    next member header after the damage."""
+    next member header after where the damaged part starts."""
     pos = 0            # file offset of data[0]
     data = b""         # compressed bytes read from the file and not yet consumed
     dec = None
     member_start = 0
-
-    def resync(after: int, why: str):
-        nxt = _find_magic(fh, after + 1, magic)
-        end = nxt - 1 if nxt is not None else _tell_end(fh) - 1
-        tail = f"; reading resumed at byte {nxt}" if nxt is not None else "; nothing readable after it"
-        return nxt, _Damage(f"{why} (bytes {after}-{end}){tail}")
+    damage: tuple[int, str] | None = None    # (where the damaged part starts, why): resync first
 
     while True:
+        if damage is not None:
+            after, why = damage
+            damage = None
+            nxt = _find_magic(fh, after + 1, magic)
+            end = nxt - 1 if nxt is not None else _tell_end(fh) - 1
+            tail = f"; reading resumed at byte {nxt}" if nxt is not None else "; nothing readable after it"
+            yield _Damage(f"{why} (bytes {after}-{end}){tail}")
+            if nxt is None:
+                return
+            fh.seek(nxt)
+            pos, data, dec = nxt, b"", None
         if not data:
             data = fh.read(CHUNK)
             if not data:
@@ -307,12 +313,7 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
                     return
                 # the file ended inside a member: cut short, or a damaged member whose compressed
                 # stream ran on through the members after it. Those may still be whole: look again.
-                nxt, damage = resync(member_start, f"file truncated inside the {what} member that starts at byte {member_start}")
-                yield damage
-                if nxt is None:
-                    return
-                fh.seek(nxt)
-                pos, data, dec = nxt, b"", None
+                damage = (member_start, f"file truncated inside the {what} member that starts at byte {member_start}")
                 continue
         if dec is None:
             if len(data) < len(magic):
@@ -320,23 +321,13 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
             if not data.startswith(magic):
                 if _zeros_to_end(fh, pos):
                     return
-                nxt, damage = resync(pos, f"bytes that are not {what} data")
-                yield damage
-                if nxt is None:
-                    return
-                fh.seek(nxt)
-                pos, data = nxt, b""
+                damage = (pos, f"bytes that are not {what} data")
                 continue
             dec, member_start = new_decoder(), pos
         try:
             out, used = feed(dec, data)
         except errors as e:
-            nxt, damage = resync(member_start, f"corrupt {what} member at byte {member_start}: {e}")
-            yield damage
-            if nxt is None:
-                return
-            fh.seek(nxt)
-            pos, data, dec = nxt, b"", None
+            damage = (member_start, f"corrupt {what} member at byte {member_start}: {e}")
             continue
         pos += used
         data = data[used:]
@@ -347,7 +338,6 @@ def _members(fh, magic: bytes, new_decoder, feed, errors, what: str) -> Iterator
             pos -= len(rest)
             data = rest + data
             dec = None
-
 
 
 def _feed_gzip(dec, data: bytes) -> tuple[bytes, int]:
