@@ -59,7 +59,8 @@ def run_ours(inputs: Path, out: Path) -> tuple[float, dict[str, str], dict]:
     from prefect import flow
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.curate import STAGES, CurateConfig, curate
+    from quipu.flows.curate import CurateConfig, curate
+    from quipu.tasks.pipeline import STAGES
 
     @flow(name="bench-warm-up")
     def warm_up() -> int:
@@ -89,8 +90,8 @@ def datatrove_pipeline(inputs: Path, out: Path):
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
-    from tasks.heuristics import DEFAULT_STOP_WORDS, TOKENIZER_LANGUAGE, HeuristicsConfig
-    from tasks.langid import LangIdConfig, default_model_path, load_fasttext
+    from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, TOKENIZER_LANGUAGE, HeuristicsConfig
+    from quipu.tasks.langid import LangIdConfig, default_model_path, load_fasttext
 
     lid_cfg, heur = LangIdConfig(), HeuristicsConfig()
 
@@ -177,7 +178,7 @@ WHY = ("Where our time goes and what we changed: the heuristics stage is nearly 
 
 
 def write_results(text: str) -> None:
-    from catalog.files import write_bytes_atomic
+    from quipu.catalog.files import write_bytes_atomic
     old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if SECTION in old:  # replace our section, keep everyone else's
         start = old.index(SECTION)
@@ -194,7 +195,7 @@ def warm_up() -> None:
     the spaCy tokenisers of the three target languages."""
     from datatrove.utils.text import split_into_sentences, split_into_words
 
-    from tasks.langid import default_model_path, load_fasttext
+    from quipu.tasks.langid import default_model_path, load_fasttext
     load_fasttext(default_model_path())
     for lang in ("eng", "spa", "por"):
         split_into_words("warm up the tokenizer.", lang)

@@ -26,8 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from catalog.files import write_json_atomic  # noqa: E402
-from tasks.decontam import DecontamConfig, Decontaminate, get_index  # noqa: E402
+from quipu.catalog.files import write_json_atomic  # noqa: E402
+from quipu.tasks.decontam import DecontamConfig, Decontaminate, get_index  # noqa: E402
 
 
 def make_registry(shared: Path, out: Path) -> list[str]:
@@ -73,7 +73,7 @@ def measure(cfg: DecontamConfig, docs: pa.Table, repeats: int, batch_rows: int) 
     t0 = time.perf_counter()
     index = get_index(cfg)
     build_s = time.perf_counter() - t0
-    stage = Decontaminate(cfg, index)
+    stage = Decontaminate(cfg, index=index)
     runs, flagged = [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()

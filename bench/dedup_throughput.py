@@ -2,7 +2,7 @@
 
 1. MinHash signatures (128 permutations, word 5-grams), the same documents, one process, one thread
    (ours and datasketch alternate for 3 rounds and the best round of each counts; datatrove once):
-   - ours: `tasks.dedup.MinHasher` (Arrow tokenizer, words hashed once per batch vocabulary,
+   - ours: `quipu.tasks.minhash.MinHasher` (Arrow tokenizer, words hashed once per batch vocabulary,
      n-grams combined and permuted in numpy) over batches of 2,000 documents;
    - plain datasketch: one `MinHash.update_batch` per document (words by `re.findall(r"\w+")`,
      shingles joined and encoded, datasketch's default sha1_hash32);
@@ -49,7 +49,7 @@ def bench_signatures(texts: list[str], rounds: int = 3, num_perm: int = 128, ngr
     import pyarrow as pa
     from datasketch import MinHash
 
-    from tasks.dedup import MinHasher
+    from quipu.tasks.minhash import MinHasher
 
     hasher = MinHasher(ngram, num_perm, seed=1)
     hasher.signatures(*hasher.shingle_hashes(pa.array(texts[:50])))     # warm-up (punctuation table)
@@ -94,8 +94,9 @@ def bench_lsh(texts: list[str]) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from tasks.dedup import DedupConfig, MinHasher
-    from tasks.dedup_index import lean, new_lsh
+    from quipu.tasks.dedup import DedupConfig
+    from quipu.tasks.minhash import MinHasher
+    from quipu.tasks.dedup_index import lean, new_lsh
 
     cfg = DedupConfig()
     hasher = MinHasher(cfg.ngram, cfg.num_perm, cfg.seed)
@@ -141,7 +142,7 @@ SHARD_DOCS = 10_000
 def write_generated(texts: list[str], n: int, folder: Path) -> list[Path]:
     import pyarrow as pa
 
-    from tasks.stage import write_table
+    from quipu.tasks.stage import write_table
     docs = generate(texts, n)
     paths = []
     for i in range(0, n, SHARD_DOCS):
@@ -163,9 +164,10 @@ def peak_rss() -> int:
 def memory_child(folder: str, n: int) -> None:
     """One whole stage run over the first n generated documents, alone in this process; prints
     JSON with its peak RSS (the process only imports and reads shards besides)."""
-    from catalog.files import sha256_file
-    from tasks.dedup import DedupConfig, dedup_local
-    from tasks.stage import Shard
+    from quipu.catalog.files import sha256_file
+    from quipu.tasks.dedup import DedupConfig
+    from quipu.tasks.driver import run_local
+    from quipu.tasks.stage import Shard
 
     paths = sorted(Path(folder).glob("s*.parquet"))[:n // SHARD_DOCS]
     shards = [Shard(name=p.stem, path=str(p), sha256=sha256_file(p), rows=SHARD_DOCS) for p in paths]
@@ -173,9 +175,9 @@ def memory_child(folder: str, n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = DedupConfig(index="bench", index_dir=str(Path(tmp) / "index"))
         t0 = time.perf_counter()
-        res = dedup_local(shards, str(Path(tmp) / "run"), cfg)
+        res, report = run_local("dedup", cfg, shards, str(Path(tmp) / "run"))
         seconds = time.perf_counter() - t0
-        rep = res[0]["stats"]["dedup"]
+        rep = report["stats"]["dedup"]
         print(json.dumps({"docs": n, "peak_rss": peak_rss(),
                           "rss_before": rss_before, "seconds": seconds, "docs_per_s": n / seconds,
                           "signature_seconds": rep["signature_seconds"], "plan_seconds": rep["plan_seconds"],

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from catalog.files import write_bytes_atomic  # noqa: E402
+from quipu.catalog.files import write_bytes_atomic  # noqa: E402
 
 LANGS = {"en", "es", "pt"}
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUIPU = [sys.executable, "-m", "flows.cli"]
+QUIPU = [sys.executable, "-m", "quipu.flows.cli"]
 
 
 def sh(cmd: list[str]) -> None:
@@ -29,7 +29,7 @@ def sh(cmd: list[str]) -> None:
 def main() -> None:
     os.environ.setdefault("QUIPU_HOME", str(ROOT / "bench" / "out" / "quipu"))
     sys.path.insert(0, str(ROOT))
-    from tasks.kenlm_lm import kenlm_available
+    from quipu.trainer.kenlm_model import kenlm_available
     threads = os.environ.get("BENCH_THREADS", "2")
     sh([sys.executable, "bench/ppl_data.py"])
     for name in ("heldout", "train"):

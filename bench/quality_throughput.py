@@ -37,16 +37,16 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from catalog.files import write_json_atomic  # noqa: E402
-from tasks.quality import QualityConfig, QualityFilter, load_quality_model, normalize_text  # noqa: E402
+from quipu.catalog.files import write_json_atomic  # noqa: E402
+from quipu.tasks.quality import QualityConfig, QualityFilter, load_quality_model, normalize_text  # noqa: E402
 
 
 def train_bench_model(shared: Path, out: Path) -> str:
     """The shared-text classifier, trained without Prefect (same functions as the flow)."""
-    from flows.config import load_config, read_yaml
-    from flows.quality_train import QualityTrainConfig, prepare_data, train_model
-    from catalog.files import write_json_atomic as wj
-    from tasks.quality import model_sidecar
+    from quipu.flows.config import load_config, read_yaml
+    from quipu.flows.quality_train import QualityTrainConfig, prepare_data, train_model
+    from quipu.catalog.files import write_json_atomic as wj
+    from quipu.tasks.quality import model_sidecar
     model = out / "model.bin"
     if model.is_file():
         return str(model)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.export import hf_config, to_hf_state  # noqa: E402
-from trainer.model import Llama, ModelConfig  # noqa: E402
+from quipu.trainer.export import hf_config, to_hf_state  # noqa: E402
+from quipu.trainer.model import Llama, ModelConfig  # noqa: E402
 
 
 def main() -> int:
@@ -56,7 +56,7 @@ def main() -> int:
         pos = (torch.arange(L) % (L // 4)).expand(args.batch, L).contiguous()
 
     # the trainer's optimizer (fused AdamW, no decay on norms); HF with torch's default AdamW
-    from trainer.train import OptimConfig, make_optimizer
+    from quipu.trainer.train import OptimConfig, make_optimizer
     opt_ours = make_optimizer(ours, OptimConfig(), torch.device("cpu"))
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
     fwd = torch.compile(ours) if args.compile else ours

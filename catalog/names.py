@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 
+from quipu.catalog.errors import UserError
+
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, with no '..'"
 
 
-class InvalidName(ValueError):
+class InvalidName(UserError, ValueError):
     """A name that is not a safe single path component (a ValueError: config validators report it
     under the key it came from)."""
 

@@ -23,17 +23,18 @@ import socket
 from pathlib import Path
 from typing import Iterator
 
-from catalog.files import read_json, remove_stale_temporaries, sha256_json, write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import read_json, remove_stale_temporaries, sha256_json, write_json_atomic
 
 LOCK_NAME = ".quipu.lock"
 IDENTITY_NAME = ".quipu-run.json"
 
 
-class OutputInUse(Exception):
+class OutputInUse(UserError):
     """Another live process holds the output folder."""
 
 
-class OutputMismatch(Exception):
+class OutputMismatch(UserError):
     """The output folder holds another run's results."""
 
 

@@ -7,9 +7,9 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from catalog import db
-from catalog.files import sha256_json
-from catalog.names import check_name
+from quipu.catalog import db
+from quipu.catalog.files import sha256_json
+from quipu.catalog.names import check_name
 
 
 # ---- runs -------------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli import EXTRA_COMMANDS, UserError
+from quipu.catalog.errors import UserError
 
 
 def cmd_benchmarks_ls(args) -> int:
-    from tasks.benchmarks import BenchmarkError, available, load_benchmarks, read_spec, spec_path
+    from quipu.tasks.benchmarks import BenchmarkError, available, load_benchmarks, read_spec, spec_path
 
     names = available(args.registry)
     if not names:
@@ -32,8 +32,8 @@ def cmd_benchmarks_ls(args) -> int:
 
 
 def cmd_benchmarks_check(args) -> int:
-    from tasks.benchmarks import BenchmarkError
-    from tasks.decontam import DecontamConfig, get_index
+    from quipu.tasks.benchmarks import BenchmarkError
+    from quipu.tasks.decontam import DecontamConfig, get_index
 
     try:
         cfg = DecontamConfig(benchmarks=args.benchmarks, registry_dir=args.registry, n=args.n)
@@ -60,6 +60,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--registry", help="directory of benchmark YAML files (default configs/benchmarks)")
     q.add_argument("--n", type=int, default=13, help="n-gram length in words")
     q.set_defaults(func=cmd_benchmarks_check)
-
-
-EXTRA_COMMANDS.append(add_commands)

@@ -4,16 +4,19 @@ Every error names the key and what was expected, and is raised before any work s
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from quipu.catalog.errors import UserError
+
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be used; the message is meant for the user as it is."""
 
 
@@ -85,3 +88,13 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
         return model.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, str(path) if path else "config")) from None
+
+
+def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) -> None:
+    """A command's config file argument and its `--set` overrides."""
+    if config_required:
+        p.add_argument("config", help="YAML config file")
+    else:
+        p.add_argument("config", nargs="?", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (dotted key, YAML value); repeatable")

@@ -1,57 +1,44 @@
-"""The `curate` flow: extract → langid → heuristics → … → curated parquet shards.
+"""The `curate` flow: extract → the stages of quipu.tasks.pipeline → curated parquet shards.
 
-Every stage is a Prefect task mapped over shards (the UI shows stage-by-stage progress); tasks
-take and return shard paths with hashes, never documents. A stage's results are summed into
-`OUT/<stage>/report.json`, checked (`input = kept + removed`), shown as artifacts and recorded in
-the catalog. New stages are added to `STAGES`, in pipeline order.
+Every stage runs through `driver.run_stage` with its per-shard phases as Prefect tasks mapped over
+shards (the UI shows stage-by-stage progress); tasks take and return shard paths with hashes,
+never documents. A stage's results are summed into `OUT/<stage>/report.json`, checked
+(`input = kept + removed`), shown as artifacts and recorded in the catalog.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from prefect import flow, get_run_logger, unmapped
-from prefect.task_runners import ThreadPoolTaskRunner
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from prefect import flow, get_run_logger, task, unmapped
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from catalog import registry
-from catalog.files import write_json_atomic
-from catalog.names import check_name, name_from
-from catalog.ownership import claim, identity, output_lock
-from flows.reports import RunProgress, publish_artifacts
-from flows.runners import RunnerConfig, make_task_runner, runner_matches
-from tasks.decontam import DecontamConfig, check_decontam, run_decontam
-from tasks.dedup import DedupConfig, check_dedup
-from tasks.dedup_tasks import run_dedup_stage
-from tasks.extract import ExtractConfig, extract_task
-from tasks.heuristics import HeuristicsConfig, heuristics_task
-from tasks.langid import LangIdConfig, langid_task
-from tasks.output import OutputConfig, write_curated_task
-from tasks.perplexity import PerplexityConfig, check_perplexity, run_perplexity
-from tasks.quality import QualityConfig, check_quality, run_quality
-from tasks.readers import expand_inputs
-from tasks.stage import Shard, aggregate, write_report
+from quipu.catalog import registry
+from quipu.catalog.files import write_json_atomic
+from quipu.catalog.names import check_name, name_from
+from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.flows.reports import RunProgress, publish_artifacts
+from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
+from quipu.tasks import driver
+from quipu.tasks.driver import StageRef, aggregate, write_report
+from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_file
+from quipu.tasks.output import OutputConfig, write_curated
+from quipu.tasks.pipeline import STAGES
+from quipu.tasks.readers import expand_inputs
+from quipu.tasks.stage import RunContext, Shard, ShardResult
 
 
-class CurateConfig(BaseModel):
-    """One block per stage, named as the stage; every block has `enabled`."""
+class CurateSettings(BaseModel):
+    """What a curate run is besides its stages: inputs, output, dataset name, parallelism."""
     model_config = ConfigDict(extra="forbid")
     input: list[str] = Field(default_factory=list, description="paths, globs or fsspec URLs (.warc[.gz], .jsonl[.gz|.zst], .parquet)")
     output: str = Field("runs/curate", description="run directory")
-    dataset: str | None = Field(None, description="catalog name of the curated dataset (default: the output directory's name)")
+    dataset: str | None = Field(None, description="catalog name of the curated dataset (default: the output directory's name); also names the dedup index")
     workers: int = Field(2, ge=1, le=256, description="parallel shard tasks (threads)")
     artifact_prefix: str = Field("curate", pattern=r"^[a-z0-9-]+$", description="prefix of the Prefect artifact keys")
     runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where shard tasks run: threads, or Dask (LocalCluster or a scheduler address)")
-    extract: ExtractConfig = ExtractConfig()
-    langid: LangIdConfig = LangIdConfig()
-    heuristics: HeuristicsConfig = HeuristicsConfig()
-    quality: QualityConfig = QualityConfig()
-    dedup: DedupConfig = DedupConfig()
-    decontam: DecontamConfig = DecontamConfig()
-    perplexity: PerplexityConfig = PerplexityConfig()
-    curated: OutputConfig = OutputConfig()
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
 
     @field_validator("dataset")
     @classmethod
@@ -63,12 +50,6 @@ class CurateConfig(BaseModel):
     def _one_or_many(cls, v):
         return [v] if isinstance(v, str) else v
 
-    @model_validator(mode="after")
-    def _dedup_index_name(self):
-        # the dedup index is per dataset: runs into other output folders share it by naming the dataset
-        self.dedup._default_index = self.dataset
-        return self
-
     @field_validator("extract")
     @classmethod
     def _extract_on(cls, v: ExtractConfig):
@@ -76,22 +57,81 @@ class CurateConfig(BaseModel):
             raise ValueError("the extract stage reads the inputs and cannot be switched off")
         return v
 
+    def context(self, run_id: str | None = None) -> RunContext:
+        """The run as its stages see it: the output folder, the dataset (naming the dedup index)."""
+        return RunContext(run_dir=str(Path(self.output).resolve()), dataset=self.dataset, run_id=run_id)
 
-@dataclass
-class StageSpec:
-    """A stage after extract: its config block's name and how to run it over the shards."""
-    name: str
-    task: object = None
-    runner: Callable[[list[Shard], str, object], list[dict]] | None = None
-    check: Callable[[object], object] | None = None   # loads models etc. before any document is read
-
-    def run(self, shards: list[Shard], run_dir: str, cfg, progress: Callable[[float], object] | None = None) -> list[dict]:
-        if self.runner is not None:
-            return self.runner(shards, run_dir, cfg)
-        return collect(self.task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg)), progress)
+    def stage_ref(self, name: str, run_id: str | None = None) -> StageRef:
+        return StageRef(name, getattr(self, name), self.context(run_id))
 
 
-def collect(futures, progress: Callable[[float], object] | None = None) -> list[dict]:
+# One block per stage of the pipeline definition, named as the stage, then the curated output.
+CurateConfig = create_model(
+    "CurateConfig", __base__=CurateSettings, __doc__="One block per stage, named as the stage; every block has `enabled`.",
+    **{s.name: (s.Config, Field(default_factory=s.Config)) for s in STAGES},
+    curated=(OutputConfig, Field(default_factory=OutputConfig)))
+
+
+def enabled_stages(config: CurateSettings) -> list[str]:
+    return [s.name for s in STAGES if getattr(config, s.name).enabled]
+
+
+def preflight(config: CurateSettings) -> None:
+    """Load what the enabled stages need (e.g. a model file) so that a missing or corrupt one fails
+    with a message naming it before any document is read."""
+    for name in enabled_stages(config):
+        config.stage_ref(name).build().check()
+
+
+# ---- Prefect tasks: the phases of the stage contract (quipu.tasks.driver), mapped over shards ----
+
+@task(name="extract", task_run_name="extract-{path}", retries=1, retry_delay_seconds=1)
+def extract_task(path: str, run_dir: str, cfg: ExtractConfig) -> ExtractResult:
+    return extract_file(path, run_dir, cfg)
+
+
+@task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
+def scan_task(ref: StageRef, shard: Shard) -> driver.Scan:
+    return driver.scan_shard(ref, shard)
+
+
+@task(name="stage-plan", task_run_name="{ref.name}-plan", retries=0)
+def plan_task(ref: StageRef, scans: list[driver.Scan] | None):
+    return driver.plan_stage(ref, scans)
+
+
+@task(name="stage-process", task_run_name="{ref.name}-{shard.name}", retries=1, retry_delay_seconds=1)
+def process_task(ref: StageRef, shard: Shard, plan) -> ShardResult:
+    return driver.process_one(ref, shard, plan)
+
+
+@task(name="stage-commit", task_run_name="{ref.name}-commit", retries=0)
+def commit_task(ref: StageRef, scans: list[driver.Scan] | None, plan):
+    return driver.commit_stage(ref, scans, plan)
+
+
+@task(name="write-curated", retries=1, retry_delay_seconds=1)
+def write_curated_task(shards: list[Shard], out_dir: str, cfg: OutputConfig) -> list[Shard]:
+    return write_curated(shards, out_dir, cfg)
+
+
+class PrefectPhases:
+    """`driver.run_stage`'s per-shard phases as Prefect tasks (the UI shows them shard by shard)."""
+
+    def scan(self, ref: StageRef, shards: list[Shard]) -> list[driver.Scan]:
+        return collect(scan_task.map(ref=unmapped(ref), shard=shards))
+
+    def plan(self, ref: StageRef, scans):
+        return plan_task(ref, scans)
+
+    def process(self, ref: StageRef, shards: list[Shard], plan, progress=None) -> list[ShardResult]:
+        return collect(process_task.map(ref=unmapped(ref), shard=shards, plan=unmapped(plan)), progress)
+
+    def commit(self, ref: StageRef, scans, plan):
+        return commit_task(ref, scans, plan)
+
+
+def collect(futures, progress: Callable[[float], object] | None = None) -> list:
     """Results in input order; `progress(fraction done)` after each (the UI's progress artifact)."""
     results = []
     for i, f in enumerate(futures, 1):
@@ -101,47 +141,21 @@ def collect(futures, progress: Callable[[float], object] | None = None) -> list[
     return results
 
 
-STAGES: list[StageSpec] = [
-    StageSpec("langid", langid_task),
-    StageSpec("heuristics", heuristics_task),
-    StageSpec("quality", runner=run_quality, check=check_quality),
-    StageSpec("dedup", runner=run_dedup_stage, check=check_dedup),   # global: signatures, plan, split, commit
-    StageSpec("decontam", runner=run_decontam, check=check_decontam),
-    StageSpec("perplexity", runner=run_perplexity, check=check_perplexity),   # last: scores what is kept
-]
-
-
-def preflight(config: CurateConfig) -> None:
-    """Load what the enabled stages need (e.g. a model file) so that a missing or corrupt one fails
-    with a message naming it before any document is read."""
-    for spec in STAGES:
-        if spec.check is not None and getattr(config, spec.name).enabled:
-            spec.check(getattr(config, spec.name))
-
-
-def aggregate_extract(results: list[dict]) -> dict:
+def aggregate_extract(results: list[ExtractResult]) -> dict:
     report = aggregate("extract", results)
-    report["records_read"] = sum(r["records_read"] for r in results)
-    report["quarantined"] = sum(r["quarantined"] for r in results)
+    report["records_read"] = sum(r.records_read for r in results)
+    report["quarantined"] = sum(r.quarantined for r in results)
     q: dict[str, int] = {}
     for r in results:
-        for k, n in r["quarantine_by_reason"].items():
+        for k, n in r.quarantine_by_reason.items():
             q[k] = q.get(k, 0) + n
     report["quarantine_by_reason"] = dict(sorted(q.items(), key=lambda kv: -kv[1]))
-    report["files"] = [{"source": r["source"], "records_read": r["records_read"], "documents": r["input_docs"],
-                        "kept": r["kept_docs"], "quarantined": r["quarantined"], "skipped_records": r["skipped_records"]}
+    report["files"] = [{"source": r.source, "records_read": r.records_read, "documents": r.input_docs,
+                        "kept": r.kept_docs, "quarantined": r.quarantined, "skipped_records": r.skipped_records}
                        for r in results]
     if report["input_docs"] + report["quarantined"] != report["records_read"]:
         raise AssertionError("extract: documents + quarantined != records read")
     return report
-
-
-def _flow_run_id() -> str | None:
-    try:
-        from prefect.runtime import flow_run
-        return str(flow_run.id) if flow_run.id else None
-    except Exception:
-        return None
 
 
 # What does not change a run's output, so a rerun that changes it still resumes the same run.
@@ -171,7 +185,7 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
             log.info("removed %d temporary files left by an interrupted run", stale)
         # holding the lock, any run still `running` into this output is a killed one
         registry.mark_stale_runs_crashed("curate", output=str(run_dir))
-        run_id = registry.start_run("curate", cfg_json, str(run_dir), _flow_run_id())
+        run_id = registry.start_run("curate", cfg_json, str(run_dir), flow_run_id())
         try:
             summary = _curate(config, run_dir, files, run_id, log)
         except BaseException:
@@ -183,35 +197,33 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
     return summary
 
 
-def _curate(config: CurateConfig, run_dir: Path, files: list[str], run_id: str, log) -> dict:
+def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str, log) -> dict:
     rd = str(run_dir)
     reports: dict[str, dict] = {}
 
     preflight(config)  # a missing or corrupt model fails here, before extract reads anything
-    progress = RunProgress(config.artifact_prefix, ["extract"] + [s.name for s in STAGES if getattr(config, s.name).enabled] + ["curated"])
+    stages = enabled_stages(config)
+    progress = RunProgress(config.artifact_prefix, ["extract", *stages, "curated"])
     results = collect(extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract)),
                       lambda f: progress.update("extract", f))
     report = aggregate_extract(results)
     reports["extract"] = report
-    write_report(run_dir, "extract", report)
-    shards = [Shard(**s) for r in results for s in r["kept_shards"]]
+    write_report(rd, "extract", report)
+    shards = [s for r in results for s in r.kept_shards]
     log.info("extract: %d records read, %d documents, %d kept, %d quarantined",
              report["records_read"], report["input_docs"], report["kept_docs"], report["quarantined"])
 
-    for spec in STAGES:
-        stage_cfg = getattr(config, spec.name)
-        if not stage_cfg.enabled:
-            continue
+    for name in stages:
         prev_kept = sum(s.rows for s in shards)
-        progress.update(spec.name, 0.0)
-        results = spec.run([s for s in shards if s.rows > 0], rd, stage_cfg, lambda f, n=spec.name: progress.update(n, f))
-        report = aggregate(spec.name, results)
+        progress.update(name, 0.0)
+        stage_results, report = driver.run_stage(config.stage_ref(name, run_id), [s for s in shards if s.rows > 0],
+                                                 PrefectPhases(), lambda f, n=name: progress.update(n, f))
         if report["input_docs"] != prev_kept:
-            raise AssertionError(f"{spec.name}: read {report['input_docs']} documents, previous stage kept {prev_kept}")
-        reports[spec.name] = report
-        write_report(run_dir, spec.name, report)
-        shards = [Shard(**r["kept"]) for r in results]
-        log.info("%s: %d in, %d kept, %d removed", spec.name, report["input_docs"], report["kept_docs"], report["removed_docs"])
+            raise AssertionError(f"{name}: read {report['input_docs']} documents, previous stage kept {prev_kept}")
+        reports[name] = report
+        write_report(rd, name, report)
+        shards = [r.kept for r in stage_results]
+        log.info("%s: %d in, %d kept, %d removed", name, report["input_docs"], report["kept_docs"], report["removed_docs"])
 
     progress.update("curated", 0.0)
     curated = write_curated_task(shards, str(run_dir / "curated"), config.curated)
@@ -243,7 +255,7 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
     qdir = run_dir / "quarantine"
     if qdir.exists():
         import pyarrow.parquet as pq
-        from catalog.files import sha256_file
+        from quipu.catalog.files import sha256_file
         qshards = [{"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "bytes": p.stat().st_size,
                     "sha256": sha256_file(p)} for p in sorted(qdir.glob("*.parquet"))]
         registry.register_dataset(f"{name}/quarantine", "quarantine", str(qdir), run_id, qshards)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from catalog import db
-from catalog.files import write_bytes_atomic
-from flows.config import ConfigError, load_config, read_yaml
+from quipu.catalog import db
+from quipu.catalog.files import write_bytes_atomic
+from quipu.flows.config import ConfigError, load_config, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = ROOT / "deploy" / "prefect.yaml"
@@ -33,8 +33,8 @@ ROOT_PLACEHOLDER = "{{ $QUIPU_ROOT }}"
 
 # Config model of each flow entrypoint, to validate the `config` parameter before deploying.
 CONFIG_MODELS = {
-    "flows/curate.py:curate": "flows.curate:CurateConfig",
-    "flows/watch.py:watch": "flows.watch:WatchConfig",
+    "flows/curate.py:curate": "quipu.flows.curate:CurateConfig",
+    "flows/watch.py:watch": "quipu.flows.watch:WatchConfig",
 }
 
 
@@ -130,7 +130,7 @@ def api_url() -> str | None:
 
 
 def deploy(prefect_file: Path = DEFAULT_FILE, names: list[str] | None = None, dry_run: bool = False) -> int:
-    from flows.cli import UserError
+    from quipu.catalog.errors import UserError
 
     if not prefect_file.is_file():
         raise UserError(f"deployment file not found: {prefect_file}")

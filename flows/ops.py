@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import EXTRA_COMMANDS, UserError, add_config_args
+from quipu.flows.config import add_config_args
 
 DEFAULT_WATCH_CONFIG = "configs/watch/default.yaml"
 
 
 def _watch_config(args):
-    from flows.config import load_config
-    from flows.watch import WatchConfig
+    from quipu.flows.config import load_config
+    from quipu.flows.watch import WatchConfig
 
     path = args.config or (DEFAULT_WATCH_CONFIG if Path(DEFAULT_WATCH_CONFIG).is_file() else None)
     overrides = list(args.overrides)
@@ -23,7 +23,7 @@ def _watch_config(args):
 def cmd_watch(args) -> int:
     cfg = _watch_config(args)
     if not args.once:
-        from flows.watch import watch
+        from quipu.flows.watch import watch
         out = watch(cfg)
         print(f"new files: {out['new']}  still being written: {len(out['unsettled'])}  unchanged: {out['unchanged']}")
         if out.get("event_id"):
@@ -34,10 +34,10 @@ def cmd_watch(args) -> int:
 
 def watch_once(cfg, curate_overrides: list[str]) -> int:
     """One look without a Prefect server: curate the new files directly, then record them as seen."""
-    from flows.cli import run_curate
-    from flows.config import load_config
-    from flows.curate import CurateConfig
-    from flows.watch import incremental_output, mark_seen, scan
+    from quipu.flows.curate_cli import run_curate
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig
+    from quipu.flows.watch import incremental_output, mark_seen, scan
 
     result = scan(cfg)
     for path in result.unsettled:
@@ -56,7 +56,7 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from flows.deploy import DEFAULT_FILE, deploy
+    from quipu.flows.deploy import DEFAULT_FILE, deploy
 
     return deploy(Path(args.prefect_file) if args.prefect_file else DEFAULT_FILE, args.name or None, args.dry_run)
 
@@ -76,6 +76,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", action="append", help="only this deployment (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="write the resolved file, deploy nothing")
     p.set_defaults(func=cmd_deploy)
-
-
-EXTRA_COMMANDS.append(add_commands)

@@ -22,12 +22,12 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from catalog.files import write_json_atomic
-from flows.cli import UserError
-from trainer.wayra import WayraArch
+from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
+from quipu.catalog.files import write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.trainer.wayra import WayraArch
+from quipu.trainer.wayra_train import DistillSettings
 
-STUDENT_KIND = "wayra"
-KENLM_KIND = "kenlm"
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -39,25 +39,6 @@ class TeacherConfig(BaseModel):
     batch_size: int = Field(8, ge=1, le=256)
     bf16: bool = Field(True, description="bf16 autocast on CPU (~2x faster, rank correlation 0.9997 with fp32)")
     threads: int | None = Field(None, ge=1, le=256)
-
-
-class DistillTrain(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    epochs: int = Field(30, ge=1, le=1000)
-    batch_size: int = Field(16, ge=1, le=1024)
-    lr: float = Field(2e-3, gt=0, le=1)
-    weight_decay: float = Field(0.01, ge=0)
-    lm_weight: float = Field(0.3, ge=0, description="weight of the auxiliary next-token loss")
-    pretrain_epochs: int = Field(1, ge=0, le=100, description="LM-only passes over all text before distillation")
-    val_fraction: float = Field(0.1, gt=0, lt=0.5)
-    patience: int = Field(4, ge=1, description="early stopping: epochs without a better validation Spearman")
-    max_seconds: float | None = Field(None, gt=0, description="training time budget (checked between epochs)")
-    seed: int = 0
-    threads: int | None = Field(None, ge=1, le=256)
-    freeze_embeddings: bool = Field(False, description="keep the (teacher-initialised) token embeddings fixed")
-    doc_weight: float = Field(1.0, ge=0, description="student.head: token — weight of the document-mean loss next to the per-token loss")
-    body_lr: float | None = Field(None, gt=0, le=1, description="student.body: teacher — peak learning rate of the "
-                                                                "teacher's layers (None: lr, which the head gets)")
 
 
 class PplConfig(BaseModel):
@@ -75,7 +56,7 @@ class PplConfig(BaseModel):
     labels_out: str | None = Field(None, description="also write the labels as JSONL here (id, lang, log_ppl)")
     teacher: TeacherConfig = TeacherConfig()
     student: WayraArch = WayraArch()
-    train: DistillTrain = DistillTrain()
+    train: DistillSettings = DistillSettings()
 
     @field_validator("input", mode="before")
     @classmethod
@@ -118,7 +99,7 @@ class KenLMTrainConfig(BaseModel):
 
 def read_documents(patterns: list[str], languages: list[str] | None = None, min_chars: int = 1) -> list[dict]:
     """{id, text, lang} of every text record of the inputs (JSONL/parquet), in file order."""
-    from tasks.readers import RawRecord, ReadStats, expand_inputs, read
+    from quipu.tasks.readers import RawRecord, ReadStats, expand_inputs, read
     try:
         files = expand_inputs(patterns)
     except FileNotFoundError as e:
@@ -142,7 +123,7 @@ def seeded_sample(docs: list[dict], n: int, seed: int) -> list[dict]:
 
 
 def load_teacher(cfg: TeacherConfig):
-    from trainer.teacher import Teacher, TeacherError, TeacherSettings
+    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings
     try:
         return Teacher(cfg.path, TeacherSettings(max_tokens=cfg.max_tokens, batch_size=cfg.batch_size,
                                                  bf16=cfg.bf16, threads=cfg.threads))
@@ -155,7 +136,7 @@ def load_teacher(cfg: TeacherConfig):
 def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[dict], list[dict], list[float], list | None, dict]:
     """(labelled sample, unlabelled LM docs, labels, per-token labels, stats); the teacher is loaded
     before documents are read. Per-token labels only for a student that reads the teacher's tokens."""
-    from trainer.teacher import LabelCache
+    from quipu.trainer.teacher import LabelCache
     teacher = load_teacher(config.teacher)
     if keep_teacher is not None:
         keep_teacher["teacher"] = teacher
@@ -178,7 +159,7 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
     stats["teacher"] = str(teacher.path)
     stats["teacher_fingerprint"] = teacher.fingerprint
     if config.labels_out:
-        from catalog.files import write_bytes_atomic
+        from quipu.catalog.files import write_bytes_atomic
         lines = "".join(json.dumps({"id": d["id"], "lang": d["lang"], "log_ppl": y}) + "\n" for d, y in zip(sample, labels))
         write_bytes_atomic(config.labels_out, lines.encode())
     return sample, rest, labels, (token_labels[0] if token_labels else None), stats
@@ -194,19 +175,13 @@ def ppl_label(config: PplConfig) -> dict:
 
 @flow(name="ppl-distill", log_prints=True, persist_result=False)
 def ppl_distill(config: PplConfig) -> dict:
-    from catalog import registry
-    from trainer.wayra import DistillSettings, distill
+    from quipu.catalog import registry
+    from quipu.trainer.wayra_train import distill
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))
     try:
         holder: dict = {}
         sample, rest, labels, token_labels, label_stats = _label(config, holder)
-        t = config.train
-        settings = DistillSettings(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                                   lm_weight=t.lm_weight, pretrain_epochs=t.pretrain_epochs, val_fraction=t.val_fraction,
-                                   patience=t.patience, max_seconds=t.max_seconds, seed=t.seed, threads=t.threads,
-                                   freeze_embeddings=t.freeze_embeddings, doc_weight=t.doc_weight,
-                                   body_lr=t.body_lr)
-        student, metrics = distill([d["text"] for d in sample], labels, config.student, settings,
+        student, metrics = distill([d["text"] for d in sample], labels, config.student, config.train,
                                    unlabelled=[d["text"] for d in rest], log=print,
                                    teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None,
                                    token_labels=token_labels)
@@ -227,8 +202,8 @@ def ppl_distill(config: PplConfig) -> dict:
 
 @flow(name="kenlm-train", log_prints=True, persist_result=False)
 def kenlm_train(config: KenLMTrainConfig) -> dict:
-    from catalog import registry
-    from tasks.kenlm_lm import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm
+    from quipu.catalog import registry
+    from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm
     try:
         kenlm_binaries()
     except KenLMError as e:
@@ -276,15 +251,16 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     """Correlations with the teacher on held-out documents, and docs/s of teacher, student and KenLM."""
     import torch
 
-    from tasks.perplexity import PerplexityModelError, load_kenlm, resolve_kenlm
-    from trainer.teacher import LabelCache
-    from trainer.wayra import StudentError, WayraStudent, pearson, spearman
+    from quipu.trainer.kenlm_model import KenLMError, load_kenlm, resolve_kenlm
+    from quipu.trainer.teacher import LabelCache
+    from quipu.trainer.wayra import StudentError, WayraStudent
+    from quipu.trainer.wayra_train import pearson, spearman
     if threads:
         torch.set_num_threads(threads)
     try:  # every model first: a bad path fails before any document is read
         student = WayraStudent.load(student_dir, quantize=quantize)
         kenlm_models = {lang: load_kenlm(p) for lang, p in resolve_kenlm(kenlm).items()} if kenlm else {}
-    except (StudentError, PerplexityModelError) as e:
+    except (StudentError, KenLMError) as e:
         raise UserError(str(e)) from None
     teacher = load_teacher(teacher_cfg)
     docs = read_documents([input_path])

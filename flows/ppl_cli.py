@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from catalog.files import write_json_atomic
-from flows.cli import EXTRA_COMMANDS, UserError, add_config_args
+from quipu.catalog.files import write_json_atomic
+from quipu.flows.config import add_config_args
 
 
 def _load_ppl_config(args):
-    from flows.ppl import PplConfig
-    from flows.config import load_config
+    from quipu.flows.ppl import PplConfig
+    from quipu.flows.config import load_config
     overrides = list(args.overrides)
     config = load_config(PplConfig, args.config, overrides)
     update = {}
@@ -24,14 +23,14 @@ def _load_ppl_config(args):
 
 
 def cmd_ppl_label(args) -> int:
-    from flows.ppl import ppl_label
+    from quipu.flows.ppl import ppl_label
     stats = ppl_label(_load_ppl_config(args))
     print(json.dumps(stats, indent=2))
     return 0
 
 
 def cmd_ppl_distill(args) -> int:
-    from flows.ppl import ppl_distill
+    from quipu.flows.ppl import ppl_distill
     summary = ppl_distill(_load_ppl_config(args))
     print(f"student {summary['output']} (catalog id {summary['model_id']}): validation Spearman "
           f"{summary['val_spearman']}, Pearson {summary['val_pearson']}, RMSE {summary['val_rmse']} nats, "
@@ -40,7 +39,7 @@ def cmd_ppl_distill(args) -> int:
 
 
 def cmd_ppl_eval(args) -> int:
-    from flows.ppl import TeacherConfig, evaluate
+    from quipu.flows.ppl import TeacherConfig, evaluate
     teacher = TeacherConfig(path=args.teacher, max_tokens=args.max_tokens, batch_size=args.teacher_batch_size,
                             threads=args.threads)
     result = evaluate(args.student, args.input, teacher, args.kenlm, timing_docs=args.timing_docs,
@@ -54,9 +53,9 @@ def cmd_ppl_eval(args) -> int:
 
 
 def cmd_kenlm_train(args) -> int:
-    from flows.config import load_config
+    from quipu.flows.config import load_config
     overrides = list(args.overrides)
-    from flows.ppl import KenLMTrainConfig, kenlm_train
+    from quipu.flows.ppl import KenLMTrainConfig, kenlm_train
     config = load_config(KenLMTrainConfig, args.config, overrides)
     update = {k: v for k, v in (("input", args.input), ("output", args.output)) if v}
     config = KenLMTrainConfig.model_validate({**config.model_dump(), **update})
@@ -101,6 +100,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--input", action="append", help="documents (glob, repeatable)")
     q.add_argument("--output", help="model directory")
     q.set_defaults(func=cmd_kenlm_train)
-
-
-EXTRA_COMMANDS.append(add_commands)

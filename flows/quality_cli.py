@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli import EXTRA_COMMANDS, UserError, add_config_args
+from quipu.flows.config import add_config_args
 
 
 def cmd_quality_train(args) -> int:
-    from flows.config import load_config
-    from flows.quality_train import QualityTrainConfig, SourceError, TrainingError, quality_train, source_files
+    from quipu.flows.config import load_config
+    from quipu.flows.quality_train import quality_train
+    from quipu.trainer.quality_train import QualityTrainConfig, source_files
 
     overrides = list(args.overrides)
     if args.output:
         overrides.append(f"output={args.output}")
     config = load_config(QualityTrainConfig, args.config, overrides)
-    try:
-        for src in config.positive + config.negative:   # a source that matches nothing: say so before starting
-            source_files(src)
-        summary = quality_train(config)
-    except (SourceError, TrainingError) as e:
-        raise UserError(str(e)) from None
+    for src in config.positive + config.negative:   # a source that matches nothing: say so before starting
+        source_files(src)
+    summary = quality_train(config)
     print(f"model {summary['model']} (catalog id {summary['model_id']})")
     print(f"validation: {summary['valid']} documents, ROC AUC {summary['roc_auc']}, precision {summary['precision']}, "
           f"recall {summary['recall']}, F1 {summary['f1']}")
@@ -37,6 +35,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_config_args(q)
     q.add_argument("--output", help="model directory (replaces the config's output)")
     q.set_defaults(func=cmd_quality_train)
-
-
-EXTRA_COMMANDS.append(add_commands)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from catalog.files import read_json
+from quipu.catalog.files import read_json
 
 
 def load_run(run_dir: str | Path) -> dict:
@@ -87,7 +87,7 @@ def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate
     create_table_artifact(key=f"{prefix}-funnel", table=funnel_rows(run),
                           description=f"Curation funnel of run {run.get('run_id')} ({run.get('output')})")
     for name, report in reports.items():
-        create_markdown_artifact(key=f"{prefix}-stage-{name}", markdown=stage_markdown(report),
+        create_markdown_artifact(key=f"{prefix}-stage-{name.replace('_', '-')}", markdown=stage_markdown(report),
                                  description=f"Stage {name}: removal reasons and examples")
     create_markdown_artifact(key=f"{prefix}-summary", markdown=summary_markdown(run, list(reports)),
                              description="Run summary with links to the report files")
@@ -162,7 +162,7 @@ def resolve_run_dir(run: str) -> str:
     """A run directory as given, or the output directory of a run id known to the catalog."""
     if (Path(run) / "run.json").is_file():
         return run
-    from catalog import registry
+    from quipu.catalog import registry
     found = registry.get_run(run)
     if found is None or not found.get("output"):
         raise FileNotFoundError(f"{run}: neither a run directory with run.json nor a run id in the catalog")

@@ -51,3 +51,12 @@ def runner_matches(runner: RunnerConfig, task_runner) -> bool:
     """Whether the running flow's task runner is the one `runner` asks for."""
     name = type(task_runner).__name__
     return (name == "DaskTaskRunner") == (runner.kind == "dask")
+
+
+def flow_run_id() -> str | None:
+    """The running Prefect flow run's id (recorded with the catalog run), or None outside one."""
+    try:
+        from prefect.runtime import flow_run
+        return str(flow_run.id) if flow_run.id else None
+    except Exception:
+        return None

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 
-from catalog import registry
-from catalog.files import remove_stale_temporaries
-from catalog.ownership import output_lock
-from trainer.data import format_blend_report, resolve_phase_starts
-from trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
-from trainer.train import TrainConfig, train
+from quipu.catalog import registry
+from quipu.catalog.files import remove_stale_temporaries
+from quipu.catalog.ownership import output_lock
+from quipu.trainer.data import format_blend_report, resolve_phase_starts
+from quipu.trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
+from quipu.trainer.train import TrainConfig, train
 
 
 def preflight(config: TrainConfig) -> dict[str, list[str]]:
@@ -36,7 +36,7 @@ def tokenizer_task(config: TrainConfig, sources: dict[str, list[str]], run_dir: 
 
 @task(name="tokenize", persist_result=False)
 def tokenize_task(name: str, paths: list[str], tokenizer_dir: str, run_dir: str, config: TrainConfig, run_id: str):
-    from trainer.tokenizer import TextTokenizer
+    from quipu.trainer.tokenizer import TextTokenizer
     return tokenize_source(name, paths, TextTokenizer.load(tokenizer_dir), Path(run_dir), config.data, run_id)
 
 
@@ -83,7 +83,7 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path) -> dict:
                  {k: v["tokens_per_word"] for k, v in fert.items()})
         futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
         markers = {n: f.result() for n, f in futures.items()}
-        from trainer.tokenizer import TextTokenizer
+        from quipu.trainer.tokenizer import TextTokenizer
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():
             log.info("source %s: %d documents, %d tokens", n, s["docs"], s["tokens"])
@@ -93,7 +93,7 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path) -> dict:
             import json
             log.info("blend:\n%s", format_blend_report(json.loads(blend.read_text())))
         if config.export_hf:
-            from trainer.export import export_hf
+            from quipu.trainer.export import export_hf
             summary["hf"] = str(export_hf(run_dir, run_dir / "hf"))
         summary["tokens"] = prepared["summary"]
         summary["fertility"] = fert

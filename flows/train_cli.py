@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli import EXTRA_COMMANDS, UserError, add_config_args
+from quipu.catalog.errors import UserError
+from quipu.flows.config import add_config_args
 
 
 def load_train_config(args):
-    from flows.config import load_config
-    from trainer.train import TrainConfig
+    from quipu.flows.config import load_config
+    from quipu.trainer.train import TrainConfig
     overrides = list(args.overrides)
     if args.output:
         overrides.append(f"output={args.output}")
@@ -19,17 +20,17 @@ def load_train_config(args):
 
 
 def cmd_train(args) -> int:
-    from trainer.data import BlendError
-    from trainer.train import TrainingDiverged
+    from quipu.trainer.data import BlendError
+    from quipu.trainer.train import TrainingDiverged
     config = load_train_config(args)
-    from flows.train import preflight
+    from quipu.flows.train import preflight
     try:
         preflight(config)   # sources, weights, phase boundaries: fail before any work
         from pathlib import Path
 
-        from catalog.ownership import check_free
+        from quipu.catalog.ownership import check_free
         check_free(Path(config.output).resolve())   # another live run in this folder: say so before Prefect
-        from flows.train import tokenize_train
+        from quipu.flows.train import tokenize_train
         summary = tokenize_train(config, resume=args.resume)
     except (BlendError, FileNotFoundError, TrainingDiverged) as e:
         raise UserError(str(e)) from None
@@ -50,7 +51,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from trainer.plan import format_plan, plan
+    from quipu.trainer.plan import format_plan, plan
     try:
         p = plan(args.params, args.tokens, args.gpus, args.peak_flops, args.mfu)
     except ValueError as e:
@@ -62,7 +63,7 @@ def cmd_plan(args) -> int:
 def cmd_export(args) -> int:
     from pathlib import Path
 
-    from trainer.export import export_hf
+    from quipu.trainer.export import export_hf
     if not Path(args.run_dir).is_dir():
         raise UserError(f"{args.run_dir}: not a run directory")
     try:
@@ -94,6 +95,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hf", required=True, help="output folder")
     p.add_argument("--checkpoint", help="a checkpoint file (default: the newest)")
     p.set_defaults(func=cmd_export)
-
-
-EXTRA_COMMANDS.append(add_commands)

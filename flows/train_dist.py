@@ -17,10 +17,10 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.config import ConfigError, load_config
-    from trainer.data import BlendError
-    from trainer.prepare import prepare, resolve_sources
-    from trainer.train import TrainConfig, TrainingDiverged, train
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.trainer.data import BlendError
+    from quipu.trainer.prepare import prepare, resolve_sources
+    from quipu.trainer.train import TrainConfig, TrainingDiverged, train
 
     ap = argparse.ArgumentParser(prog="torchrun ... -m flows.train_dist")
     ap.add_argument("config")

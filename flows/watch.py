@@ -25,9 +25,9 @@ import fsspec
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from catalog import registry
-from catalog.files import sha256_file, sha256_json
-from tasks.readers import SUPPORTED
+from quipu.catalog import registry
+from quipu.catalog.files import sha256_file, sha256_json
+from quipu.tasks.readers import SUPPORTED
 
 EVENT = "quipu.data.arrived"
 RESOURCE_PREFIX = "quipu.watch."

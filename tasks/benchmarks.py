@@ -32,14 +32,15 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from catalog.files import sha256_file
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import sha256_file
 
 REGISTRY_DIR = Path(__file__).resolve().parents[1] / "configs" / "benchmarks"
 PKG_SCHEME = "pkg://"
 FORMATS = ("jsonl", "json", "csv", "parquet")
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError, ValueError):
     """A benchmark that cannot be used; the message names the YAML, file and field."""
 
 

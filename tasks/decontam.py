@@ -39,13 +39,12 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import task, unmapped
 from pydantic import Field, model_validator
 
-from catalog.files import atomic_path, read_json, sha256_json, write_json_atomic
-from tasks.benchmarks import Benchmark, load_benchmarks
-from tasks.schema import set_column
-from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, snippet, split_by_mask
+from quipu.catalog.files import atomic_path, read_json, sha256_json, write_json_atomic
+from quipu.tasks.benchmarks import Benchmark, load_benchmarks
+from quipu.tasks.schema import set_column
+from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, snippet, split_by_mask
 
 INDEX_VERSION = 2     # 2: NFKD, homoglyphs, accents and punctuation deleted
 WORD = r"[\p{L}\p{N}]+"                   # a word: letters and digits, after normalisation (Rust regex)
@@ -357,7 +356,7 @@ _LOCK = threading.Lock()
 def cache_dir(cfg: DecontamConfig) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir)
-    from catalog.db import quipu_home
+    from quipu.catalog.db import quipu_home
     return quipu_home() / "cache" / "decontam"
 
 
@@ -514,17 +513,51 @@ def _dominant(hits: list[Hit]) -> str:
 
 class Decontaminate(Stage):
     name = "decontam"
+    Config = DecontamConfig
 
-    def __init__(self, config: DecontamConfig, index: BenchmarkIndex | None = None):
-        super().__init__(config)
-        self.index = index or get_index(config)
-        self.matcher = Matcher(self.index, config.cut_margin_words if config.policy == "cut" else 0)
+    def __init__(self, config: DecontamConfig, context: RunContext | None = None, index: BenchmarkIndex | None = None):
+        super().__init__(config, context)
+        self._index = index
 
-    def code_version(self) -> str:
+    @property
+    def index(self) -> BenchmarkIndex:
+        if self._index is None:   # built once per process and benchmark set (get_index caches it)
+            self._index = get_index(self.config)
+        return self._index
+
+    def check(self) -> None:
+        """Read and check every benchmark file and build (or load) the index: a missing or empty
+        file, or a declared field absent, fails here naming the file and field."""
+        self.index
+
+    def fingerprint(self, shard_plan) -> dict:
         # The benchmark versions are part of what a finished shard was checked against.
-        return f"{super().code_version()}+index.{self.index.key[:16]}"
+        return {"index": self.index.key}
 
-    def process(self, batch: pa.Table) -> Outcome:
+    def commit(self, scans, plan) -> dict:
+        """Record each benchmark file (path, items, SHA-256) in the catalog as a `benchmark` dataset."""
+        from quipu.catalog import registry
+        for b in self.index.benchmarks:
+            registry.register_dataset(b["name"], "benchmark", b["path"], self.context.run_id,
+                                      [{"path": b["path"], "rows": b["items"], "bytes": b["bytes"], "sha256": b["sha256"]}],
+                                      info={**b, "index": self.index.key,
+                                            "skipped_fields": self.index.skipped_fields.get(b["name"], 0)})
+        return {"benchmarks": len(self.index.benchmarks)}
+
+    def finalize(self, stats: dict, scans, plan, committed) -> dict:
+        # shard lists are concatenated in shard order: keep the first examples per benchmark
+        for bench, examples in stats.get("example_matches", {}).items():
+            stats["example_matches"][bench] = examples[:EXAMPLES_PER_BENCHMARK]
+        return stats
+
+    @property
+    def matcher(self) -> Matcher:
+        if not hasattr(self, "_matcher"):
+            cfg = self.config
+            self._matcher = Matcher(self.index, cfg.cut_margin_words if cfg.policy == "cut" else 0)
+        return self._matcher
+
+    def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
         cfg = self.config
         texts = batch.column("text").to_pylist()
         cand = self.matcher.candidates(texts) if texts else []
@@ -596,50 +629,3 @@ class _Stats:
                 "items_hit": self.items, "example_matches": self.examples, "index": self.index.key,
                 "benchmarks": {b["name"]: {"path": b["path"], "sha256": b["sha256"], "spec": str(b["spec"]),
                                            "fields": ", ".join(b["fields"])} for b in self.index.benchmarks}}
-
-
-@task(name="decontam", task_run_name="decontam-{shard.name}", retries=1, retry_delay_seconds=1)
-def decontam_task(shard: Shard, run_dir: str, cfg: DecontamConfig) -> dict:
-    return process_shard(Decontaminate(cfg), shard, run_dir)
-
-
-def register_benchmarks(index: BenchmarkIndex, run_id: str | None) -> None:
-    """Record each benchmark file (path, items, SHA-256) in the catalog as a `benchmark` dataset."""
-    from catalog import registry
-    for b in index.benchmarks:
-        registry.register_dataset(b["name"], "benchmark", b["path"], run_id,
-                                  [{"path": b["path"], "rows": b["items"], "bytes": b["bytes"], "sha256": b["sha256"]}],
-                                  info={**b, "index": index.key, "skipped_fields": index.skipped_fields.get(b["name"], 0)})
-
-
-def _flow_run_id() -> str | None:
-    try:
-        from prefect.runtime import flow_run
-        return str(flow_run.id) if flow_run.id else None
-    except Exception:
-        return None
-
-
-def check_decontam(cfg: DecontamConfig) -> str:
-    """Read and check every benchmark file and build (or load) the index: a missing or empty file,
-    or a declared field absent, fails here with a message naming the file and field, before the
-    curate flow reads any document. Returns the index key."""
-    return get_index(cfg).key
-
-
-def run_decontam(shards: list[Shard], run_dir: str, cfg: DecontamConfig) -> list[dict]:
-    """The curate flow's runner: build (or load) the index once, record the benchmark versions in
-    the catalog, then check the shards in parallel tasks that share the index."""
-    index = get_index(cfg)
-    register_benchmarks(index, _flow_run_id())
-    futures = decontam_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg))
-    results = [f.result() for f in futures]
-    # The stage report sums shard stats and concatenates their lists: keep the first examples
-    # per benchmark across all shards, in shard order.
-    shown: dict[str, int] = {}
-    for r in results:
-        for bench, examples in r.get("stats", {}).get("example_matches", {}).items():
-            room = max(0, EXAMPLES_PER_BENCHMARK - shown.get(bench, 0))
-            r["stats"]["example_matches"][bench] = examples[:room]
-            shown[bench] = shown.get(bench, 0) + len(examples[:room])
-    return results

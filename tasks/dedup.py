@@ -1,13 +1,9 @@
 """Stage `dedup`: exact and near-duplicate removal with MinHash-LSH (datasketch), incremental
 across runs.
 
-A global stage, in four steps (each a Prefect task in `tasks.dedup_tasks`, whose `run_dedup_stage`
-is the curate flow's runner; this module is the logic and does not import Prefect):
-1. signatures, per shard in parallel: words (whitespace tokens, lower-cased, punctuation stripped
-   from their ends) → word n-gram shingles → 32-bit shingle hashes → MinHash signatures,
-   vectorised with numpy over all shingles of a batch of documents (datasketch's "affine32" permutations, bit-identical to
-   `datasketch.MinHash(hashfunc=...).update_batch` on the same hashes), plus an exact hash of the
-   normalised text (its words joined by single spaces, as datatrove's exact dedup simplifies text).
+A global stage of the stage contract (quipu.tasks.stage), in four phases:
+1. scan = signatures, per shard in parallel (quipu.tasks.minhash: words → word n-gram shingles →
+   32-bit shingle hashes → MinHash signatures, plus an exact hash of the normalised text).
    Written as signature files per shard.
 2. plan, one sequential task in a deterministic order: exact match against kept documents, else
    datasketch `MinHashLSH` candidates (from the persistent index of earlier runs and from this run),
@@ -15,41 +11,36 @@ is the curate flow's runner; this module is the logic and does not import Prefec
    so the LSH can be tuned for recall (a lower band threshold) without losing precision.
    Policy `first_seen` processes documents in shard/row order; `quality` in descending
    `quality_score`, so the best document of a cluster is the one kept.
-3. split, per shard: kept and removed shards (`reason` exact_dup / near_dup, `dup_of` = the kept
+3. process = split, per shard: kept and removed shards (`reason` exact_dup / near_dup, `dup_of` = the kept
    twin's id, `cluster_id` = the kept twin's index key, `dup_jaccard`).
 4. commit: this run's kept documents join the index in one atomic step, after all outputs exist.
 Every step leaves a done-marker; a rerun skips finished work and ends with the same bytes.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 import sys
 import time
-import unicodedata
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import xxhash
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
-from catalog.names import check_name
-from tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart, save_npy,
+from quipu.catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.catalog.names import check_name
+from quipu.tasks.minhash import SHINGLE_HASH, MinHasher, exact_digests, tokenize
+from quipu.tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart, save_npy,
                                key_order, lean)
-from tasks.stage import (QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, load_done,
-                         snippet, stage_dirs, text_sizes)
+from quipu.tasks.stage import Outcome, RunContext, Shard, Stage, StageConfig, module_version, snippet
 
 STAGE = "dedup"
 PRESETS = {"fineweb": {"num_perm": 112, "bands": 14, "rows": 8}}
-SHINGLE_HASH = "ws-trim-punct/bytes-lin64-words/poly64-fmix64-hi32/v1"   # stored in the index: changing it breaks old indexes
 CRASH_ENV = "QUIPU_DEDUP_CRASH_AT"      # fault injection for the kill tests: a step name
 
 
@@ -82,10 +73,6 @@ class DedupConfig(StageConfig):
     backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
     index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
     redis: RedisConfig = RedisConfig()
-    batch_rows: int = Field(2000, gt=0)
-    # The index name when `index` is not set: the curate config's `dataset` (set by CurateConfig;
-    # private, so the config as written is what gets stored and fingerprinted).
-    _default_index: str | None = PrivateAttr(None)
 
     @field_validator("index")
     @classmethod
@@ -140,180 +127,15 @@ def _optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
     return _optimal_param(threshold, num_perm, 0.5, 0.5)
 
 
-# ---- text → shingles → signatures -------------------------------------------------------------
-
-_U64 = np.uint64
-_FMIX64 = (_U64(33), _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53))
-_FMIX32 = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35))
-# Odd 64-bit multipliers that make a shingle's hash depend on word order (fixed: part of SHINGLE_HASH).
-_POSITION_MULT = np.random.RandomState(20261122).randint(0, 2**62, size=32, dtype=np.uint64) * _U64(2) + _U64(1)
-
-
-# Odd 64-bit multipliers per byte position in a word (fixed: part of SHINGLE_HASH).
-_BYTE_MULT = np.random.RandomState(20261123).randint(0, 2**62, size=1 << 16, dtype=np.uint64) * _U64(2) + _U64(1)
-_LEN_MULT = _U64(0x9E3779B97F4A7C15)
-
-
-def hash_strings(arr: pa.Array) -> np.ndarray:
-    """64-bit hashes of non-empty strings, vectorised over the Arrow buffers: a linear hash of the
-    UTF-8 bytes with random odd multipliers per position, mixed with the length, then fmix64."""
-    if len(arr) == 0:
-        return np.zeros(0, np.uint64)
-    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offs = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
-    lo, hi = int(offs[0]), int(offs[-1])
-    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[lo:hi].astype(np.uint64) + _U64(1)
-    lens = np.diff(offs)
-    pos = np.arange(hi - lo, dtype=np.int64) - np.repeat(offs[:-1] - lo, lens)
-    h = np.add.reduceat(data * _BYTE_MULT[pos & 0xFFFF], offs[:-1] - lo)
-    return _fmix64(h ^ (lens.astype(np.uint64) * _LEN_MULT))
-
-
-def _fmix64(h: np.ndarray) -> np.ndarray:
-    s, m1, m2 = _FMIX64
-    h = h ^ (h >> s)
-    h = h * m1
-    h = h ^ (h >> s)
-    h = h * m2
-    return h ^ (h >> s)
-
-
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer: datasketch's affine32 pre-mix of every input hash."""
-    s1, m1, s2, m2 = _FMIX32
-    h = h ^ (h >> s1)
-    h = h * m1
-    h = h ^ (h >> s2)
-    h = h * m2
-    return h ^ (h >> s1)
-
-
-@lru_cache(maxsize=1)
-def _punctuation() -> str:
-    """Every Unicode punctuation and symbol character: stripped from both ends of a word."""
-    return "".join(chr(i) for i in range(sys.maxunicode + 1) if unicodedata.category(chr(i))[0] in "PS")
-
-
-def tokenize(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """(words of all texts, words per text). A word: a whitespace-separated token, lower-cased,
-    with leading and trailing punctuation/symbols stripped; tokens left empty are dropped."""
-    parts = pc.utf8_split_whitespace(pc.utf8_lower(texts))
-    flat = pc.utf8_trim(pc.list_flatten(parts), characters=_punctuation())
-    keep = pc.greater(pc.utf8_length(flat), 0)
-    parent = pc.list_parent_indices(parts).to_numpy(zero_copy_only=False)
-    lengths = np.bincount(parent[keep.to_numpy(zero_copy_only=False)], minlength=len(texts)).astype(np.int64)
-    return flat.filter(keep), lengths
-
-
-def words(text: str) -> list[str]:
-    """The words of one text, exactly as the shingler sees them."""
-    return tokenize(pa.array([text], pa.string()))[0].to_pylist()
-
-
-def exact_digests(flat: pa.Array, lengths: np.ndarray) -> list[bytes]:
-    """128-bit hash of each text's normalised form: its words joined by one space (so case,
-    punctuation at word ends and whitespace do not make two texts differ)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), flat), " ")
-    return [xxhash.xxh3_128_digest(t) for t in joined.to_pylist()]
-
-
-class MinHasher:
-    """Vectorised MinHash over word n-gram shingles, producing datasketch-compatible signatures."""
-
-    def __init__(self, ngram: int, num_perm: int, seed: int, chunk: int = 4096):
-        from datasketch import MinHash
-        if ngram > len(_POSITION_MULT):
-            raise ValueError(f"ngram must be at most {len(_POSITION_MULT)}")
-        self.ngram, self.num_perm, self.seed, self.chunk = ngram, num_perm, seed, chunk
-        perm = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
-        self.a = np.ascontiguousarray(perm[0], dtype=np.uint32)[:, None]
-        self.b = np.ascontiguousarray(perm[1], dtype=np.uint32)[:, None]
-        self._buf = np.empty((num_perm, chunk), dtype=np.uint32)
-
-    def shingle_hashes(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        """(hashes, offsets): 32-bit hashes of each document's word n-grams (a document with fewer
-        words than n has one shingle of all its words, an empty one none); document i owns
-        hashes[offsets[i]:offsets[i+1]]. Words are hashed once per batch vocabulary (numpy over
-        the Arrow buffers), n-grams combine word hashes with position multipliers in numpy."""
-        return self.hashes_of_words(*tokenize(texts))
-
-    def hashes_of_words(self, flat: pa.Array, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = self.ngram
-        counts = np.where(lengths >= n, lengths - n + 1, (lengths > 0).astype(np.int64))
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        if len(flat) == 0:
-            return np.zeros(0, np.uint32), offsets
-        enc = pc.dictionary_encode(flat)      # each distinct word of the batch is hashed once
-        w = hash_strings(enc.dictionary)[enc.indices.to_numpy(zero_copy_only=False)]
-        n_words = len(w)
-        out = np.empty(int(offsets[-1]), dtype=np.uint64)
-        long_docs = lengths >= n
-        if n_words >= n and long_docs.any():
-            span = n_words - n + 1
-            acc = w[:span] * _POSITION_MULT[0]
-            for k in range(1, n):
-                acc += w[k:k + span] * _POSITION_MULT[k]
-            starts = np.zeros(len(lengths), dtype=np.int64)
-            np.cumsum(lengths[:-1], out=starts[1:])
-            word_end = np.repeat(starts + lengths, lengths)[:span]
-            valid = np.arange(n, span + n, dtype=np.int64) <= word_end
-            out[np.repeat(long_docs, counts)] = acc[valid]
-        short = np.nonzero((lengths > 0) & ~long_docs)[0]
-        if len(short):
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[short]
-            lens = lengths[short]
-            pos_in_doc = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-            contrib = w[np.repeat(starts, lens) + pos_in_doc] * _POSITION_MULT[pos_in_doc]
-            out[offsets[short]] = np.add.reduceat(contrib, np.cumsum(lens) - lens)
-        return (_fmix64(out) >> _U64(32)).astype(np.uint32), offsets
-
-    def signatures(self, hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """(documents, num_perm) uint32: per permutation, min over a document's shingles of
-        a * fmix32(h) + b mod 2^32 (datasketch affine32). Documents without shingles keep the
-        empty value 2^32-1. Shingles are processed in cache-sized chunks of whole documents."""
-        docs = len(offsets) - 1
-        sig = np.full((docs, self.num_perm), np.uint32(0xFFFFFFFF), dtype=np.uint32)
-        hv = _fmix32(hashes.astype(np.uint32, copy=False))
-        nz = np.nonzero(np.diff(offsets))[0]
-        ends = offsets[nz + 1]
-        j = 0
-        while j < len(nz):
-            s0 = offsets[nz[j]]
-            jj = int(np.searchsorted(ends, s0 + self.chunk, side="right"))
-            if jj <= j:   # one document longer than a chunk: reduce it piece by piece
-                d = nz[j]
-                acc = sig[d]
-                for c0 in range(int(s0), int(offsets[d + 1]), self.chunk):
-                    c1 = min(c0 + self.chunk, int(offsets[d + 1]))
-                    acc = np.minimum(acc, self._permuted(hv[c0:c1]).min(axis=1))
-                sig[d] = acc
-                j += 1
-                continue
-            block = self._permuted(hv[s0:ends[jj - 1]])
-            sig[nz[j:jj]] = np.minimum.reduceat(block, offsets[nz[j:jj]] - s0, axis=1).T
-            j = jj
-        return sig
-
-    def _permuted(self, hv: np.ndarray) -> np.ndarray:
-        v = self._buf[:, :len(hv)]
-        np.multiply(self.a, hv[None, :], out=v)
-        np.add(v, self.b, out=v)
-        return v
-
-
 # ---- step 1: signatures -----------------------------------------------------------------------
 
 def code_version() -> str:
-    src = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules["tasks.dedup_index"])
-    return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+    return module_version(sys.modules[__name__], sys.modules["quipu.tasks.dedup_index"], sys.modules["quipu.tasks.minhash"])
 
 
-def _dirs(run_dir: str | Path) -> dict[str, Path]:
-    base = Path(run_dir) / STAGE
-    return {"sig": base / "_sig", "plan": base / "_plan"}
+def _dirs(ctx: RunContext) -> dict[str, Path]:
+    layout = ctx.layout(STAGE)
+    return {"sig": layout.scratch("_sig"), "plan": layout.scratch("_plan")}
 
 
 def _crash(point: str) -> None:
@@ -326,10 +148,10 @@ def _files_intact(files: dict[str, dict]) -> bool:
     return all(Path(f["path"]).exists() and sha256_file(f["path"]) == f["sha256"] for f in files.values())
 
 
-def compute_signatures(shard: Shard, run_dir: str, cfg: DedupConfig) -> dict:
+def compute_signatures(shard: Shard, ctx: RunContext, cfg: DedupConfig) -> dict:
     """Signature files of one shard: meta.parquet (id, exact digest, shingle count, quality),
     sig.npy (docs x num_perm), shingles.npy + offsets in meta (with exact verification)."""
-    d = _dirs(run_dir)["sig"]
+    d = _dirs(ctx)["sig"]
     marker = d / f"{shard.name}.json"
     fp = sha256_json({"input": shard.sha256, "code": code_version(), "quality": cfg.quality_column,
                       "params": {k: v for k, v in cfg.index_params().items() if k not in ("bands", "rows")}})
@@ -396,23 +218,23 @@ class SignatureFile:
 
 # ---- the index ----------------------------------------------------------------------------------
 
-def index_name(cfg: DedupConfig, run_dir: str | Path | None) -> str:
+def index_name(cfg: DedupConfig, ctx: RunContext | None) -> str:
     """`dedup.index`, else the curate config's `dataset` (runs naming the same one share the index),
     else one index private to the output folder: `<folder name>-<hash of its path and the index
     parameters>` (two unrelated runs into folders that happen to share a name must not remove each
     other's documents). "" when it depends on a run folder that is not given."""
     import re
-    name = cfg.index or cfg._default_index
+    name = cfg.index or (ctx.dataset if ctx is not None else None)
     if name:
         return check_name(name, "dedup index name")
-    if run_dir is None:
+    if ctx is None:
         return ""
-    p = Path(run_dir).resolve()
+    p = Path(ctx.run_dir)
     folder = re.sub(r"[^A-Za-z0-9._-]", "_", p.name).lstrip("._-")[:60] or "run"
     return f"{folder}-{sha256_json({'path': str(p), 'params': cfg.index_params()})[:8]}"
 
 
-def check_dedup(cfg: DedupConfig) -> None:
+def check_dedup(cfg: DedupConfig, ctx: RunContext | None = None) -> None:
     """Before any document is read: Redis reachable, a named index built with these parameters."""
     if not cfg.enabled or cfg.backend == "none":
         return
@@ -424,33 +246,33 @@ def check_dedup(cfg: DedupConfig) -> None:
             conn.ping()
         except redis.RedisError as e:
             raise ValueError(f"dedup.redis: cannot reach Redis at {cfg.redis.host}:{cfg.redis.port} ({e})") from None
-        name = index_name(cfg, None)
+        name = index_name(cfg, ctx)
         if name:
             raw = conn.get(f"{cfg.redis.prefix}:{name}:manifest")
             if raw:
                 import json
-                from tasks.dedup_index import check_params
+                from quipu.tasks.dedup_index import check_params
                 check_params(json.loads(raw)["params"], cfg.index_params(), f"redis {cfg.redis.prefix}:{name}")
         return
-    if index_name(cfg, None) or cfg.index_dir:
-        folder = index_location(cfg, None)
+    if index_name(cfg, ctx) or cfg.index_dir:
+        folder = index_location(cfg, ctx)
         if (folder / "manifest.json").exists():
-            from tasks.dedup_index import check_params
+            from quipu.tasks.dedup_index import check_params
             check_params(read_json(folder / "manifest.json")["params"], cfg.index_params(), str(folder))
 
 
-def index_location(cfg: DedupConfig, run_dir: str | Path | None) -> Path:
-    from catalog.db import quipu_home
-    return Path(cfg.index_dir) if cfg.index_dir else quipu_home() / "dedup" / index_name(cfg, run_dir)
+def index_location(cfg: DedupConfig, ctx: RunContext | None) -> Path:
+    from quipu.catalog.db import quipu_home
+    return Path(cfg.index_dir) if cfg.index_dir else quipu_home() / "dedup" / index_name(cfg, ctx)
 
 
-def open_index(cfg: DedupConfig, run_dir: str | Path) -> DedupIndex | None:
-    rd = str(Path(run_dir).resolve())
+def open_index(cfg: DedupConfig, ctx: RunContext) -> DedupIndex | None:
+    rd = ctx.run_dir
     if cfg.backend == "none":
         return None
     if cfg.backend == "redis":
-        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, run_dir), cfg.index_params(), rd)
-    return FileIndex(index_location(cfg, run_dir), cfg.index_params(), rd)
+        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, ctx), cfg.index_params(), rd)
+    return FileIndex(index_location(cfg, ctx), cfg.index_params(), rd)
 
 
 # ---- step 2: plan -----------------------------------------------------------------------------
@@ -561,28 +383,38 @@ class Planner:
         return best
 
 
-def plan_fingerprint(cfg: DedupConfig, sig_results: list[dict], run_dir: str) -> str:
+def plan_fingerprint(cfg: DedupConfig, sig_results: list[dict], ctx: RunContext) -> str:
     return sha256_json({"sigs": [s["fingerprint"] for s in sig_results], "code": code_version(),
                         "config": cfg.model_dump(mode="json", exclude={"batch_rows", "redis", "index_dir"}),
-                        "index": index_name(cfg, run_dir)})
+                        "index": index_name(cfg, ctx)})
 
 
-def plan(sig_results: list[dict], run_dir: str, cfg: DedupConfig) -> dict:
+def _reusable_plan(marker: Path, plan_id: str, cfg: DedupConfig, ctx: RunContext) -> dict | None:
+    """The stored plan, if it is this plan and nothing was committed since (or it was its commit)."""
+    if not marker.exists():
+        return None
+    done = read_json(marker)
+    if done.get("plan") != plan_id or not _files_intact(done["decisions"]):
+        return None
+    if cfg.backend == "none":
+        return done
+    manifest = _open_for_commit(cfg, ctx).manifest     # reads the manifest only
+    committed = manifest.committed_plan(plan_id)
+    if (committed and committed.gen == done["gen"]) or manifest.next_gen == done["expected_next_gen"]:
+        return done
+    return None
+
+
+def plan(sig_results: list[dict], ctx: RunContext, cfg: DedupConfig) -> dict:
     """Decide every document (one sequential pass); write decisions per shard and the plan marker."""
-    d = _dirs(run_dir)["plan"]
+    d = _dirs(ctx)["plan"]
     marker = d / "plan.json"
-    plan_id = plan_fingerprint(cfg, sig_results, run_dir)
-    if marker.exists():   # reusable if nothing was committed since, or it was this plan's commit
-        done = read_json(marker)
-        if done.get("plan") == plan_id and _files_intact(done["decisions"]):
-            if cfg.backend == "none":
-                return done
-            manifest = _open_for_commit(cfg, run_dir).manifest     # reads the manifest only
-            committed = manifest.committed_plan(plan_id)
-            if (committed and committed.gen == done["gen"]) or manifest.next_gen == done["expected_next_gen"]:
-                return done
+    plan_id = plan_fingerprint(cfg, sig_results, ctx)
+    done = _reusable_plan(marker, plan_id, cfg, ctx)
+    if done is not None:
+        return done
     t0 = time.perf_counter()
-    index = open_index(cfg, run_dir)
+    index = open_index(cfg, ctx)
     files = [SignatureFile(s) for s in sig_results]
     gen = index.manifest.next_gen if index else 1
     planner = Planner(cfg, files, index)
@@ -639,7 +471,7 @@ def plan(sig_results: list[dict], run_dir: str, cfg: DedupConfig) -> dict:
     bands, rows = cfg.lsh_params()
     result = {
         "plan": plan_id, "gen": gen, "expected_next_gen": gen, "decisions": outputs,
-        "index": {"backend": cfg.backend, "name": index_name(cfg, run_dir),
+        "index": {"backend": cfg.backend, "name": index_name(cfg, ctx),
                   "location": index.location if index else None,
                   "docs_before": index.size() if index else 0,
                   "docs_after": (index.size() if index else 0) + counts[KEPT],
@@ -674,68 +506,7 @@ def lsh_memory_bytes(lsh) -> int:
     return seen
 
 
-# ---- step 3: split ----------------------------------------------------------------------------
-
 DUP_FIELDS = [pa.field("dup_of", pa.string()), pa.field("cluster_id", pa.string()), pa.field("dup_jaccard", pa.float64())]
-
-
-def split_shard(shard: Shard, run_dir: str, cfg: DedupConfig, plan_result: dict) -> dict:
-    """Kept and removed shards of one input shard from its decisions (rows aligned)."""
-    kept_dir, removed_dir, done_dir = stage_dirs(run_dir, STAGE)
-    marker = done_dir / f"{shard.name}.json"
-    dec_file = plan_result["decisions"][shard.name]
-    fp = sha256_json({"stage": STAGE, "input": shard.sha256, "decisions": dec_file["sha256"], "code": code_version(),
-                      "config": cfg.model_dump(mode="json", exclude={"redis", "index_dir"})})
-    done = load_done(marker, fp)
-    if done is not None:
-        done["skipped"] = True
-        return done
-    t0 = time.perf_counter()
-    decisions = pq.read_table(dec_file["path"])
-    pf = pq.ParquetFile(shard.path)
-    removed_schema = pa.schema(list(pf.schema_arrow) + [pa.field("reason", pa.string(), nullable=False)] + DUP_FIELDS)
-    kept_w = ShardWriter(kept_dir / f"{shard.name}.parquet", pf.schema_arrow)
-    removed_w = ShardWriter(removed_dir / f"{shard.name}.parquet", removed_schema)
-    counts: dict[str, int] = {}
-    examples: dict[str, list[dict]] = {}
-    n_in = bytes_in = chars_in = bytes_out = chars_out = 0
-    try:
-        for rb in pf.iter_batches(batch_size=cfg.batch_rows):
-            batch = pa.Table.from_batches([rb])
-            dec = decisions.slice(n_in, batch.num_rows)
-            n_in += batch.num_rows
-            keep = pc.equal(dec.column("status"), KEPT)
-            kept = batch.filter(keep)
-            drop = pc.invert(keep)
-            removed = batch.filter(drop)
-            dd = dec.filter(drop)
-            removed = removed.append_column(pa.field("reason", pa.string(), nullable=False), dd.column("status"))
-            for fld in DUP_FIELDS:
-                removed = removed.append_column(fld, dd.column(fld.name))
-            b, c = text_sizes(batch); bytes_in += b; chars_in += c
-            b, c = text_sizes(kept); bytes_out += b; chars_out += c
-            kept_w.write(kept)
-            removed_w.write(removed)
-            count_reasons(removed, counts, examples)
-        kept_s, removed_s = kept_w.close(), removed_w.close()
-    except BaseException:
-        kept_w.abort()
-        removed_w.abort()
-        raise
-    if n_in != decisions.num_rows or n_in != kept_s.rows + removed_s.rows:
-        raise AssertionError(f"dedup/{shard.name}: {n_in} rows read, {decisions.num_rows} decisions, "
-                             f"{kept_s.rows} kept + {removed_s.rows} removed")
-    result = {"stage": STAGE, "shard": shard.name, "fingerprint": fp, "input": shard.model_dump(),
-              "kept": kept_s.model_dump(), "removed": removed_s.model_dump(),
-              "input_docs": n_in, "kept_docs": kept_s.rows, "removed_docs": removed_s.rows,
-              "removed_by_reason": counts, "examples": examples,
-              "stats": {"exact_dup": counts.get(EXACT, 0), "near_dup": counts.get(NEAR, 0)},
-              "bytes_in": bytes_in, "bytes_out": bytes_out, "chars_in": chars_in, "chars_out": chars_out,
-              "seconds": round(time.perf_counter() - t0, 3)}
-    write_json_atomic(marker, result)
-    result["skipped"] = False
-    _crash("split")
-    return result
 
 
 # ---- step 4: commit ---------------------------------------------------------------------------
@@ -758,12 +529,12 @@ def segment_parts(sig_results: list[dict], plan_result: dict):
                           shingles=flat, offsets=offs)
 
 
-def commit(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupConfig) -> dict:
+def commit(sig_results: list[dict], plan_result: dict, ctx: RunContext, cfg: DedupConfig) -> dict:
     """Add this run's kept documents to the index, once, after every output shard exists."""
     if cfg.backend == "none":
         return {"committed": False, "reason": "backend none"}
     t0 = time.perf_counter()
-    index = _open_for_commit(cfg, run_dir)
+    index = _open_for_commit(cfg, ctx)
     done = index.manifest.committed_plan(plan_result["plan"])
     if done is not None and done.gen == plan_result["gen"]:
         return {"committed": True, "gen": done.gen, "skipped": True, "disk_bytes": index.disk_bytes()}
@@ -772,51 +543,30 @@ def commit(sig_results: list[dict], plan_result: dict, run_dir: str, cfg: DedupC
     info = {"committed": True, "gen": plan_result["gen"], "skipped": False, "disk_bytes": index.disk_bytes(),
             "location": index.location, "backend": index.backend, "seconds": round(time.perf_counter() - t0, 3)}
     try:
-        from catalog import registry
-        registry.kv_put_many("dedup_index", {index_name(cfg, run_dir): {
+        from quipu.catalog import registry
+        registry.kv_put_many("dedup_index", {index_name(cfg, ctx): {
             "backend": index.backend, "location": index.location, "generation": plan_result["gen"],
-            "docs": plan_result["index"]["docs_after"], "run_dir": str(Path(run_dir).resolve())}})
+            "docs": plan_result["index"]["docs_after"], "run_dir": ctx.run_dir}})
     except Exception as e:  # the index is committed; the catalog entry is only a pointer to it
         info["catalog_error"] = str(e)
     return info
 
 
-def _open_for_commit(cfg: DedupConfig, run_dir: str) -> DedupIndex:
+def _open_for_commit(cfg: DedupConfig, ctx: RunContext) -> DedupIndex:
     """The index without rebuilding its in-memory LSH (the commit only writes)."""
-    rd = str(Path(run_dir).resolve())
+    rd = ctx.run_dir
     if cfg.backend == "redis":
-        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, run_dir), cfg.index_params(), rd)
+        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, ctx), cfg.index_params(), rd)
     idx = FileIndex.__new__(FileIndex)
     DedupIndex.__init__(idx, cfg.index_params(), rd)
-    idx.folder = index_location(cfg, run_dir)
+    idx.folder = index_location(cfg, ctx)
     idx.location = str(idx.folder)
     man = idx._read_manifest()
     if man is not None:
-        from tasks.dedup_index import check_params
+        from quipu.tasks.dedup_index import check_params
         check_params(man.params, cfg.index_params(), idx.location)
         idx.manifest = man
     return idx
-
-
-# ---- the stage without Prefect (tests, benchmarks) ---------------------------------------------
-
-def attach_report(results: list[dict], plan_result: dict, commit_info: dict, sig_results: list[dict]) -> list[dict]:
-    """The stage's global figures ride on the first shard result (aggregate merges `stats`)."""
-    if not results:
-        return results
-    report = {k: plan_result[k] for k in ("exact_dup", "near_dup", "exact_dup_rate", "near_dup_rate",
-                                           "cluster_size_histogram", "candidates", "plan_seconds")}
-    report["examples"] = _example_pairs(plan_result, sig_results)
-    report["index"] = {**plan_result["index"], "disk_bytes": commit_info.get("disk_bytes"),
-                       "committed_generation": commit_info.get("gen")}
-    report["signature_seconds"] = round(sum(s.get("seconds", 0) for s in sig_results), 3)
-    report["commit_seconds"] = commit_info.get("seconds", 0.0)
-    first = dict(results[0])
-    first["stats"] = {**first.get("stats", {}), "dedup": report}
-    # the stage's time in the funnel: splits (summed by aggregate) plus signatures, plan and commit
-    first["seconds"] = round(first.get("seconds", 0.0) + report["signature_seconds"] + plan_result["seconds"]
-                             + report["commit_seconds"], 3)
-    return [first] + results[1:]
 
 
 def _example_pairs(plan_result: dict, sig_results: list[dict]) -> list[dict]:
@@ -842,12 +592,74 @@ def _example_pairs(plan_result: dict, sig_results: list[dict]) -> list[dict]:
     return out
 
 
-def dedup_local(shards: list[Shard], run_dir: str, cfg: DedupConfig,
-                map_fn: Callable | None = None) -> list[dict]:
-    """All four steps without Prefect (tests, benchmarks); `map_fn(fn, items)` may parallelise."""
-    map_fn = map_fn or (lambda fn, items: [fn(x) for x in items])
-    sigs = map_fn(lambda s: compute_signatures(s, run_dir, cfg), shards)
-    p = plan(sigs, run_dir, cfg)
-    results = map_fn(lambda s: split_shard(s, run_dir, cfg, p), shards)
-    info = commit(sigs, p, run_dir, cfg)
-    return attach_report(results, p, info, sigs)
+# ---- the stage --------------------------------------------------------------------------------
+
+class DecisionCursor:
+    """One shard's decisions (rows aligned with the shard), handed out batch by batch in row order."""
+
+    def __init__(self, decisions: dict):
+        self.path, self.sha256 = decisions["path"], decisions["sha256"]
+        self._table: pa.Table | None = None
+        self._offset = 0
+
+    def take(self, n: int) -> pa.Table:
+        if self._table is None:
+            self._table = pq.read_table(self.path)
+        if self._offset + n > self._table.num_rows:
+            raise AssertionError(f"dedup: {self.path} has {self._table.num_rows} decisions, the shard has more rows")
+        part = self._table.slice(self._offset, n)
+        self._offset += n
+        return part
+
+
+class DedupStage(Stage):
+    """Global: signatures per shard (scan), one sequential plan over them, per-shard splits by the
+    plan's decisions, then the index commit once every output is written."""
+    name = STAGE
+    Config = DedupConfig
+
+    def check(self) -> None:
+        check_dedup(self.config, self.context)
+
+    def code_version(self) -> str:
+        return code_version()
+
+    def needs_scan(self) -> bool:
+        return True
+
+    def scan(self, shard: Shard) -> dict:
+        return compute_signatures(shard, self.context, self.config)
+
+    def plan(self, scans: list[dict]) -> dict:
+        return plan(scans, self.context, self.config)
+
+    def plan_for(self, shard: Shard, plan_result: dict) -> DecisionCursor:
+        return DecisionCursor(plan_result["decisions"][shard.name])
+
+    def fingerprint(self, cursor: DecisionCursor) -> dict:
+        return {"decisions": cursor.sha256}
+
+    def process(self, batch: pa.Table, cursor: DecisionCursor) -> Outcome:
+        dec = cursor.take(batch.num_rows)
+        keep = pc.equal(dec.column("status"), KEPT)
+        drop = pc.invert(keep)
+        removed, dd = batch.filter(drop), dec.filter(drop)
+        removed = removed.append_column(pa.field("reason", pa.string(), nullable=False), dd.column("status"))
+        for fld in DUP_FIELDS:
+            removed = removed.append_column(fld, dd.column(fld.name))
+        status = dd.column("status").to_pylist()
+        return Outcome(batch.filter(keep), removed, {"exact_dup": status.count(EXACT), "near_dup": status.count(NEAR)})
+
+    def commit(self, scans: list[dict], plan_result: dict) -> dict:
+        _crash("split")   # every split is written, nothing committed yet
+        return commit(scans, plan_result, self.context, self.config)
+
+    def finalize(self, stats: dict, scans: list[dict], plan_result: dict, committed: dict) -> dict:
+        report = {k: plan_result[k] for k in ("exact_dup", "near_dup", "exact_dup_rate", "near_dup_rate",
+                                               "cluster_size_histogram", "candidates", "plan_seconds")}
+        report["examples"] = _example_pairs(plan_result, scans)
+        report["index"] = {**plan_result["index"], "disk_bytes": committed.get("disk_bytes"),
+                           "committed_generation": committed.get("gen")}
+        report["signature_seconds"] = round(sum(s.get("seconds", 0) for s in scans), 3)
+        report["commit_seconds"] = committed.get("seconds", 0.0)
+        return {**stats, "dedup": report}

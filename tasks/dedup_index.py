@@ -33,19 +33,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch import LeanMinHash, MinHashLSH
 
-from catalog.files import atomic_path, read_json, write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import atomic_path, read_json, write_json_atomic
 
 SCHEME = "affine32"                      # datasketch 2.x default permutation scheme
 KEY_RE = re.compile(r"^g(\d+):(\d+)$")
 MANIFEST_VERSION = 1
 
 
-class IndexMismatch(ValueError):
+class IndexMismatch(UserError, ValueError):
     """The stored index was built with other parameters than the config asks for."""
 
 
-class ConcurrentCommit(RuntimeError):
+class ConcurrentCommit(UserError, RuntimeError):
     """Another run committed to the same index while this run was planning."""
+    exit_code = 1   # nothing to change: a rerun plans against the other run's documents
 
 
 def make_key(gen: int, n: int) -> str:

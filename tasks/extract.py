@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from prefect import task
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
-from tasks import readers
-from tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
-from tasks.stage import QUIPU_VERSION, Shard, ShardWriter, StageConfig, count_reasons, snippet
+from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.tasks import readers
+from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
+from quipu.tasks.driver import count_reasons
+from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
 import hashlib
-import inspect
 import sys
 
 STAGE = "extract"
@@ -39,6 +38,7 @@ TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:
 
 
 class ExtractConfig(StageConfig):
+    batch_rows: int = Field(500, gt=0, description="documents per batch written (HTML pages are large)")
     timeout_s: float = Field(10.0, gt=0, description="per-document HTML extraction time limit")
     max_html_bytes: int = Field(5_000_000, gt=0, description="larger HTML payloads are removed unparsed")
     max_doc_bytes: int = Field(5_000_000, gt=0, description="larger documents are removed (extract:too_large)")
@@ -211,116 +211,168 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    src = inspect.getsource(sys.modules[__name__]) + inspect.getsource(readers)
-    return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+    return module_version(sys.modules[__name__], readers)
 
 
-def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig, batch_rows: int = 500) -> dict:
+class ExtractResult(BaseModel):
+    """One input file's extraction: its kept shards (several for a large file), removed documents,
+    quarantined records. Also its done-marker (`extract/_shards/<file key>.json`)."""
+    stage: str
+    shard: str
+    source: str
+    fingerprint: str
+    input_sha256: str
+    records_read: int
+    input_docs: int
+    kept_docs: int
+    removed_docs: int
+    quarantined: int
+    quarantine_by_reason: dict[str, int]
+    skipped_records: dict[str, int]     # records that are not documents (warcinfo, request), by type
+    kept_shards: list[Shard]
+    removed: Shard
+    quarantine: Shard | None
+    removed_by_reason: dict[str, int]
+    examples: dict[str, list[dict]]
+    stats: dict
+    bytes_in: int
+    bytes_out: int
+    chars_in: int
+    chars_out: int
+    seconds: float
+    skipped: bool = False
+
+    def outputs(self) -> list[Shard]:
+        return [*self.kept_shards, self.removed, *([self.quarantine] if self.quarantine else [])]
+
+
+class _Outputs:
+    """Where one file's documents go: kept rows into rolling shards of about `shard_mb`, removed rows
+    into one shard, both written in batches of `batch_rows`, with the counts of the report."""
+
+    def __init__(self, layout, key: str, cfg: ExtractConfig):
+        self.layout, self.key, self.cfg = layout, key, cfg
+        self.shard_bytes = int(cfg.shard_mb * 1e6)
+        self.kept_shards: list[Shard] = []
+        self.kept_w: ShardWriter | None = None
+        self.kept_bytes = 0
+        self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", REMOVED_SCHEMA)
+        self.kept_rows: list[dict] = []
+        self.removed_rows: list[dict] = []
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[dict]] = {}
+        self.docs = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
+
+    def add(self, row: dict, reason: str | None, nbytes: int) -> None:
+        self.docs += 1
+        self.bytes_in += nbytes
+        self.chars_in += len(row["text"])
+        if reason is None:
+            self.kept_rows.append(row)
+            self.kept_bytes += nbytes
+            self.bytes_out += nbytes
+            self.chars_out += len(row["text"])
+        else:
+            row["reason"] = reason
+            row["text_bytes"] = nbytes
+            self.removed_rows.append(row)
+        if len(self.kept_rows) + len(self.removed_rows) >= self.cfg.batch_rows or self.kept_bytes >= self.shard_bytes:
+            self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        if self.kept_rows:
+            if self.kept_w is None:
+                self.kept_w = ShardWriter(self.layout.kept / f"{self.key}-{len(self.kept_shards):04d}.parquet", BASE_SCHEMA)
+            self.kept_w.write(pa.Table.from_pylist(self.kept_rows, BASE_SCHEMA))
+            self.kept_rows = []
+        if self.removed_rows:
+            table = pa.Table.from_pylist(self.removed_rows, REMOVED_SCHEMA)
+            self.removed_w.write(table)
+            count_reasons(table, self.counts, self.examples)
+            self.removed_rows = []
+        if self.kept_w is not None and (final or self.kept_bytes >= self.shard_bytes):
+            self.kept_shards.append(self.kept_w.close())
+            self.kept_w = None
+            self.kept_bytes = 0
+
+    def close(self) -> Shard:
+        self.flush(final=True)
+        return self.removed_w.close()
+
+    def abort(self) -> None:
+        if self.kept_w is not None:
+            self.kept_w.abort()
+        self.removed_w.abort()
+
+
+def _finished(marker: Path, fp: str) -> ExtractResult | None:
+    """The stored result of this file if it matches `fp` and every output is intact."""
+    if not marker.exists():
+        return None
+    try:
+        done = ExtractResult.model_validate(read_json(marker))
+    except Exception:
+        return None
+    if done.fingerprint == fp and all(Path(o.path).exists() and sha256_file(o.path) == o.sha256 for o in done.outputs()):
+        return done.model_copy(update={"skipped": True})
+    return None
+
+
+def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
     run_dir = Path(run_dir)
+    layout = RunContext(str(run_dir)).layout(STAGE)
     key = file_key(path)
-    marker = run_dir / STAGE / "_shards" / f"{key}.json"
+    marker = layout.markers / f"{key}.json"
     problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
     input_sha = (sha256_json({"not_read": problem}) if problem else
                  sha256_file(path) if "://" not in path else _remote_fingerprint(path))
     fp = sha256_json({"stage": STAGE, "input": input_sha, "path": path, "code": code_version(),
                       "config": cfg.model_dump(mode="json")})
-    if marker.exists():
-        done = read_json(marker)
-        outs = done.get("kept_shards", []) + [done["removed"]] + ([done["quarantine"]] if done.get("quarantine") else [])
-        if done.get("fingerprint") == fp and all(Path(o["path"]).exists() and sha256_file(o["path"]) == o["sha256"] for o in outs):
-            done["skipped"] = True
-            return done
+    done = _finished(marker, fp)
+    if done is not None:
+        return done
 
     t0 = time.perf_counter()
     stats = readers.ReadStats()
-    kept_shards: list[Shard] = []
-    part = 0
-    kept_w: ShardWriter | None = None
-    kept_bytes = 0
-    removed_w = ShardWriter(run_dir / STAGE / "removed" / f"{key}.parquet", REMOVED_SCHEMA)
     limits = readers.ReadLimits(max_record_bytes=cfg.max_record_bytes, max_header_bytes=cfg.max_header_bytes,
                                 max_expansion=cfg.max_expansion, max_file_seconds=cfg.max_file_seconds)
     quarantine_rows: list[dict] = []
-    kept_rows: list[dict] = []
-    removed_rows: list[dict] = []
-    counts: dict[str, int] = {}
-    examples: dict[str, list[dict]] = {}
-    n_docs = bytes_in = chars_in = bytes_out = chars_out = 0
-    shard_bytes = int(cfg.shard_mb * 1e6)
-
-    def flush(final: bool = False) -> None:
-        nonlocal kept_w, kept_rows, removed_rows, part, kept_bytes
-        if kept_rows:
-            if kept_w is None:
-                kept_w = ShardWriter(run_dir / STAGE / "kept" / f"{key}-{part:04d}.parquet", BASE_SCHEMA)
-            kept_w.write(pa.Table.from_pylist(kept_rows, BASE_SCHEMA))
-            kept_rows = []
-        if removed_rows:
-            table = pa.Table.from_pylist(removed_rows, REMOVED_SCHEMA)
-            removed_w.write(table)
-            count_reasons(table, counts, examples)
-            removed_rows = []
-        if kept_w is not None and (final or kept_bytes >= shard_bytes):
-            kept_shards.append(kept_w.close())
-            kept_w = None
-            kept_bytes = 0
-            part += 1
-
+    out = _Outputs(layout, key, cfg)
     try:
         for item in readers.read(path, stats, limits):
             if isinstance(item, readers.Quarantined):
                 quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                         "reason": item.reason, "snippet": item.snippet})
                 continue
-            n_docs += 1
             text, reason = decide(item, cfg)
             row = _row(item, text)
             nbytes = len(row["text"].encode())
             if reason in TOO_LARGE_REASONS:
                 nbytes = item.size or nbytes if reason != "extract:html_too_large" else len(item.html or b"")
                 row["text"] = row["text"][:TOO_LARGE_CHARS]
-            bytes_in += nbytes
-            chars_in += len(row["text"])
-            if reason is None:
-                kept_rows.append(row)
-                kept_bytes += nbytes
-                bytes_out += nbytes
-                chars_out += len(row["text"])
-            else:
-                row["reason"] = reason
-                row["text_bytes"] = nbytes
-                removed_rows.append(row)
-            if len(kept_rows) + len(removed_rows) >= batch_rows or kept_bytes >= shard_bytes:
-                flush()
-        flush(final=True)
-        removed = removed_w.close()
+            out.add(row, reason, nbytes)
+        removed = out.close()
         quarantine = None
         if quarantine_rows:
             quarantine = _write_quarantine(run_dir / "quarantine" / f"{key}.parquet", quarantine_rows)
     except BaseException:
-        if kept_w is not None:
-            kept_w.abort()
-        removed_w.abort()
+        out.abort()
         raise
 
-    kept_docs = sum(s.rows for s in kept_shards)
-    result = {
-        "stage": STAGE, "shard": key, "source": path, "fingerprint": fp, "input_sha256": input_sha,
-        "records_read": n_docs + len(quarantine_rows), "input_docs": n_docs, "kept_docs": kept_docs,
-        "removed_docs": removed.rows, "quarantined": len(quarantine_rows),
-        "quarantine_by_reason": _reason_counts(quarantine_rows),
-        "skipped_records": stats.skipped,
-        "kept_shards": [s.model_dump() for s in kept_shards], "removed": removed.model_dump(),
-        "quarantine": quarantine.model_dump() if quarantine else None,
-        "removed_by_reason": counts, "examples": examples, "stats": {"skipped_records": stats.skipped},
-        "bytes_in": bytes_in, "bytes_out": bytes_out, "chars_in": chars_in, "chars_out": chars_out,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-    if n_docs != kept_docs + removed.rows:
-        raise AssertionError(f"extract/{key}: {n_docs} documents != kept {kept_docs} + removed {removed.rows}")
-    write_json_atomic(marker, result)
-    result["skipped"] = False
+    kept_docs = sum(s.rows for s in out.kept_shards)
+    result = ExtractResult(
+        stage=STAGE, shard=key, source=path, fingerprint=fp, input_sha256=input_sha,
+        records_read=out.docs + len(quarantine_rows), input_docs=out.docs, kept_docs=kept_docs,
+        removed_docs=removed.rows, quarantined=len(quarantine_rows),
+        quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=stats.skipped,
+        kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
+        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": stats.skipped},
+        bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
+        seconds=round(time.perf_counter() - t0, 3))
+    if out.docs != kept_docs + removed.rows:
+        raise AssertionError(f"extract/{key}: {out.docs} documents != kept {kept_docs} + removed {removed.rows}")
+    write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
     return result
 
 
@@ -344,8 +396,3 @@ def _remote_fingerprint(path: str) -> str:
     fs, _, (p,) = fsspec.get_fs_token_paths(path)
     info = fs.info(p)
     return sha256_json({k: info.get(k) for k in ("size", "mtime", "ETag", "etag", "md5", "LastModified")})
-
-
-@task(name="extract", task_run_name="extract-{path}", retries=1, retry_delay_seconds=1)
-def extract_task(path: str, run_dir: str, cfg: ExtractConfig) -> dict:
-    return extract_file(path, run_dir, cfg)

@@ -11,15 +11,14 @@ terminal punctuation, citations, policy lines), so kept documents carry the edit
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+
 from typing import Any
 
 import pyarrow as pa
-from prefect import task
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.schema import set_column
-from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, split_by_mask
+from quipu.tasks.schema import set_column
+from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
 # lid.176 codes to datatrove's (ISO 639-3) tokeniser languages.
 TOKENIZER_LANGUAGE = {"en": "eng", "es": "spa", "pt": "por", "fr": "fra", "de": "deu", "it": "ita",
@@ -208,9 +207,10 @@ def _import(spec: str):
 
 class HeuristicFilters(Stage):
     name = "heuristics"
+    Config = HeuristicsConfig
 
-    def __init__(self, config: HeuristicsConfig):
-        super().__init__(config)
+    def __init__(self, config: HeuristicsConfig, context: RunContext | None = None):
+        super().__init__(config, context)
         self._chains: dict[str, list[tuple[str, Any]]] = {}
         SharedTokens.install()
 
@@ -258,7 +258,7 @@ class HeuristicFilters(Stage):
             SharedTokens._memo = None
         return doc.text, None
 
-    def process(self, batch: pa.Table) -> Outcome:
+    def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
         texts = batch.column("text").to_pylist()
         ids = batch.column("id").to_pylist()
         langs = batch.column("lang").to_pylist() if "lang" in batch.column_names else ["en"] * len(texts)
@@ -280,7 +280,3 @@ class HeuristicFilters(Stage):
         edited = sum(1 for a, b, k in zip(texts, new_texts, keep) if k and a != b)
         return Outcome(kept, removed, {"edited_by_c4": edited})
 
-
-@task(name="heuristics", task_run_name="heuristics-{shard.name}", retries=1, retry_delay_seconds=1)
-def heuristics_task(shard: Shard, run_dir: str, cfg: HeuristicsConfig) -> dict:
-    return process_shard(HeuristicFilters(cfg), shard, run_dir)

@@ -11,11 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import task
 from pydantic import Field, field_validator
 
-from tasks.schema import set_column
-from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, split_by_mask
+from quipu.tasks.schema import set_column
+from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
 LANG = pa.field("lang", pa.string())
 LANG_SCORE = pa.field("lang_score", pa.float64())
@@ -81,12 +80,13 @@ def predict_top(model, texts: list[str]) -> tuple[list[str], list[float]]:
 
 class LanguageId(Stage):
     name = "langid"
+    Config = LangIdConfig
 
-    def __init__(self, config: LangIdConfig):
-        super().__init__(config)
+    def __init__(self, config: LangIdConfig, context: RunContext | None = None):
+        super().__init__(config, context)
         self.model = load_fasttext(config.model_path or default_model_path())
 
-    def process(self, batch: pa.Table) -> Outcome:
+    def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
         cfg = self.config
         texts = [t[: cfg.max_chars] for t in batch.column("text").to_pylist()]
         # the top 4 labels: enough to see a non-target runner-up behind two target languages
@@ -116,7 +116,3 @@ class LanguageId(Stage):
                 kept_langs[lang] = kept_langs.get(lang, 0) + 1
         return Outcome(kept, removed, {"detected": per_lang, "kept_by_lang": kept_langs})
 
-
-@task(name="langid", task_run_name="langid-{shard.name}", retries=1, retry_delay_seconds=1)
-def langid_task(shard: Shard, run_dir: str, cfg: LangIdConfig) -> dict:
-    return process_shard(LanguageId(cfg), shard, run_dir)

@@ -12,11 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
-from catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
-from tasks.stage import Shard, ShardWriter
+from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.tasks.stage import Shard, ShardWriter
 
 
 class OutputConfig(BaseModel):
@@ -91,8 +90,3 @@ def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -
             old.unlink()
     write_json_atomic(marker, {"fingerprint": fp, "parts": [p.model_dump() for p in parts]})
     return parts
-
-
-@task(name="write-curated", retries=1, retry_delay_seconds=1)
-def write_curated_task(shards: list[Shard], out_dir: str, cfg: OutputConfig) -> list[Shard]:
-    return write_curated(shards, out_dir, cfg)

@@ -16,21 +16,20 @@ any document is read.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prefect import task, unmapped
 from pydantic import Field, field_validator, model_validator
 
-from catalog.files import read_json, sha256_json
-from tasks.schema import set_column
-from tasks.stage import Outcome, Shard, Stage, StageConfig, process_shard, split_by_mask, stage_dirs, write_table
-
-STUDENT_KIND = "wayra"
-KENLM_KIND = "kenlm"
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import read_json, sha256_json
+from quipu.tasks.schema import set_column
+from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, langs_of, split_by_mask, write_table
+from quipu.trainer.kenlm_model import load_kenlm, resolve_kenlm
+from quipu.trainer.models import STUDENT_KIND, resolve_model
 PPL_WAYRA = pa.field("ppl_wayra", pa.float64())
 PPL_KENLM = pa.field("ppl_kenlm", pa.float64())
 PPL_BUCKET = pa.field("ppl_bucket", pa.string())
@@ -38,7 +37,7 @@ UNKNOWN_LANG = "und"
 TAIL_REASON = "ppl_tail"
 
 
-class PerplexityModelError(ValueError):
+class PerplexityModelError(UserError, ValueError):
     """A student or KenLM model that cannot be found or loaded; the message names it."""
 
 
@@ -79,78 +78,24 @@ class PerplexityConfig(StageConfig):
         return v
 
 
-# ---- resolving and loading models -------------------------------------------------------------
-
-def resolve_student(spec: str | None) -> str:
-    """A student directory from a path, a catalog name/id, or the newest `wayra` model."""
-    if spec and Path(spec).expanduser().exists():
-        return str(Path(spec).expanduser().resolve())
-    from catalog import registry
-    row = registry.get_model(spec, STUDENT_KIND)
-    if row is None:
-        if spec:
-            raise PerplexityModelError(f"perplexity.student: {spec} is neither a directory nor a `{STUDENT_KIND}` model in the catalog")
-        raise PerplexityModelError("perplexity.student: no student model registered; train one with "
-                                   "`quipu ppl distill` or set perplexity.student to its directory")
-    return row["path"]
-
-
-def resolve_kenlm(spec: str | dict[str, str] | None) -> dict[str, str]:
-    """{lang or '*': binary path}. A directory gives every `<lang>.binary` in it."""
-    if not spec:
-        return {}
-    if isinstance(spec, dict):
-        return {lang: str(Path(p).expanduser()) for lang, p in spec.items()}
-    p = Path(spec).expanduser()
-    if not p.exists():
-        from catalog import registry
-        row = registry.get_model(spec, KENLM_KIND)
-        if row is None:
-            raise PerplexityModelError(f"perplexity.kenlm: {spec} is neither a file/directory nor a `{KENLM_KIND}` model in the catalog")
-        p = Path(row["path"])
-    if p.is_dir():
-        found = {f.stem: str(f) for f in sorted(p.glob("*.binary"))}
-        if not found:
-            raise PerplexityModelError(f"perplexity.kenlm: directory {p} holds no <lang>.binary")
-        return found
-    return {"*": str(p)}
-
+# ---- loading models (resolution: quipu.trainer.models) -------------------------------------------
 
 @lru_cache(maxsize=4)
 def load_student(path: str, quantize: bool, threads: int | None):
-    from trainer.wayra import StudentError, WayraStudent
+    from quipu.trainer.wayra import StudentError, WayraStudent
     try:
         return WayraStudent.load(path, quantize=quantize, threads=threads)
     except StudentError as e:
         raise PerplexityModelError(str(e)) from None
 
 
-@lru_cache(maxsize=16)
-def load_kenlm(path: str):
-    from tasks.kenlm_lm import KenLMError, KenLMScorer
-    try:
-        return KenLMScorer(path)
-    except KenLMError as e:
-        raise PerplexityModelError(str(e)) from None
-
-
-def check_perplexity(cfg: PerplexityConfig) -> dict:
-    """Resolve and load every model the stage needs; raises PerplexityModelError naming the path."""
-    student = resolve_student(cfg.student)
-    load_student(student, cfg.quantize, cfg.threads)
-    kenlm = resolve_kenlm(cfg.kenlm)
-    for path in kenlm.values():
-        load_kenlm(path)
-    return {"student": student, "kenlm": kenlm}
+def resolve_models(cfg: PerplexityConfig) -> dict:
+    """{"student": directory, "kenlm": {lang or '*': binary}} from the config's references."""
+    return {"student": resolve_model(STUDENT_KIND, cfg.student, "perplexity.student"),
+            "kenlm": resolve_kenlm(cfg.kenlm, "perplexity.kenlm")}
 
 
 # ---- scoring ----------------------------------------------------------------------------------
-
-def _langs(t: pa.Table) -> list[str]:
-    if "lang" not in t.column_names:
-        return [UNKNOWN_LANG] * t.num_rows
-    return [x or UNKNOWN_LANG for x in t.column("lang").to_pylist()]
-
 
 class Scorer:
     """ppl_wayra (and ppl_kenlm) for a batch of documents."""
@@ -166,7 +111,7 @@ class Scorer:
         out = {"ppl_wayra": [math.exp(v) for v in self.student.predict_log_ppl(texts, self.cfg.batch_size)]}
         if self.kenlm:
             vals = []
-            for text, lang in zip(texts, _langs(t)):
+            for text, lang in zip(texts, langs_of(t)):
                 lm = self.kenlm.get(lang) or self.kenlm.get("*")
                 v = lm.perplexity([text])[0] if lm is not None else math.nan
                 vals.append(None if math.isnan(v) else v)
@@ -175,7 +120,7 @@ class Scorer:
 
     def fingerprint(self) -> str:
         """What the scores depend on besides the config: the model weights."""
-        from catalog.files import sha256_file
+        from quipu.catalog.files import sha256_file
         files = {"student": self.student.meta.get("weights_sha256") or read_json(Path(self.models["student"]) / "config.json").get("weights_sha256")}
         for lang, p in sorted(self.models["kenlm"].items()):
             files[f"kenlm:{lang}"] = sha256_file(p)
@@ -192,31 +137,43 @@ def bucket_of(score: float | None, cut: dict | None) -> str | None:
 
 class PerplexityStage(Stage):
     name = "perplexity"
+    Config = PerplexityConfig
 
-    def __init__(self, cfg: PerplexityConfig, scorer: Scorer, cutoffs: dict | None = None,
-                 precomputed: pa.Table | None = None):
-        super().__init__(cfg)
-        self.scorer = scorer
-        self.cutoffs = cutoffs
-        self.precomputed = precomputed
-        self._offset = 0
+    @cached_property
+    def scorer(self) -> Scorer:
+        return Scorer(self.config, resolve_models(self.config))
 
-    def code_version(self) -> str:
+    def check(self) -> None:
+        self.scorer
+
+    def needs_scan(self) -> bool:
+        return self.config.buckets   # per-language percentiles: every shard is scored first
+
+    def scan(self, shard: Shard) -> tuple[str, str, dict[str, list[float]]]:
+        """(shard name, its scores file, the bucketing score of its documents by language)."""
+        path, by_lang = score_shard(self.scorer, shard, self.layout.scratch("_shards") / "scores", self.config.batch_rows)
+        return shard.name, path, by_lang
+
+    def plan(self, scans: list | None) -> dict | None:
+        if scans is None:
+            return None
+        by_lang: dict[str, list[float]] = {}
+        for _, _, part in scans:
+            for lang, vals in part.items():
+                by_lang.setdefault(lang, []).extend(vals)
+        return {"cutoffs": compute_cutoffs(by_lang, self.config), "scores": {name: path for name, path, _ in scans}}
+
+    def plan_for(self, shard: Shard, plan: dict | None) -> "ShardScores":
+        if plan is None:
+            return ShardScores(None, None)
+        return ShardScores(plan["cutoffs"], pq.read_table(plan["scores"][shard.name]))
+
+    def fingerprint(self, shard_plan: "ShardScores") -> dict:
         # models and cutoffs change the output without changing the config: both go in the fingerprint
-        return super().code_version() + "+" + sha256_json({"models": self.scorer.fingerprint(),
-                                                           "cutoffs": self.cutoffs})[:12]
+        return {"models": self.scorer.fingerprint(), "cutoffs": sha256_json(shard_plan.cutoffs)[:12]}
 
-    def _scores(self, batch: pa.Table) -> dict[str, list]:
-        if self.precomputed is None:
-            return self.scorer.score(batch)
-        part = self.precomputed.slice(self._offset, batch.num_rows)
-        self._offset += batch.num_rows
-        if part.column("id").to_pylist() != batch.column("id").to_pylist():
-            raise AssertionError("perplexity: precomputed scores are out of step with the shard")
-        return {c: part.column(c).to_pylist() for c in part.column_names if c != "id"}
-
-    def process(self, batch: pa.Table) -> Outcome:
-        scores = self._scores(batch)
+    def process(self, batch: pa.Table, shard_plan: "ShardScores") -> Outcome:
+        scores = shard_plan.take(batch) if shard_plan.precomputed is not None else self.scorer.score(batch)
         t = set_column(batch, PPL_WAYRA, scores["ppl_wayra"])
         if "ppl_kenlm" in scores:
             t = set_column(t, PPL_KENLM, scores["ppl_kenlm"])
@@ -225,8 +182,8 @@ class PerplexityStage(Stage):
             kept, removed = split_by_mask(t, [True] * t.num_rows, [None] * t.num_rows)
             return Outcome(kept=kept, removed=removed, stats=stats)
         by = scores["ppl_" + self.config.bucket_by]
-        langs = _langs(batch)
-        buckets = [bucket_of(s, self.cutoffs.get(lang)) for s, lang in zip(by, langs)]
+        langs = langs_of(batch)
+        buckets = [bucket_of(s, shard_plan.cutoffs.get(lang)) for s, lang in zip(by, langs)]
         t = set_column(t, PPL_BUCKET, buckets)
         stats["docs_by_bucket"] = {}
         for b, lang in zip(buckets, langs):
@@ -237,17 +194,50 @@ class PerplexityStage(Stage):
         kept, removed = split_by_mask(t, keep, [None if k else TAIL_REASON for k in keep])
         return Outcome(kept=kept, removed=removed, stats=stats)
 
+    def finalize(self, stats: dict, scans, plan: dict | None, committed) -> dict:
+        """Models, thresholds and per-language geometric means from the summed shard stats."""
+        cfg = self.config
+        docs, sums = stats.get("docs_by_lang", {}), stats.get("log_ppl_wayra_sum_by_lang", {})
+        kdocs, ksums = stats.get("kenlm_docs_by_lang", {}), stats.get("log_ppl_kenlm_sum_by_lang", {})
+        models = self.scorer.models
+        out = {"models": {"student": models["student"], "kenlm": models["kenlm"]},
+               "geo_mean_ppl_wayra_by_lang": {lang: round(math.exp(sums[lang] / n), 3) for lang, n in sorted(docs.items()) if n}}
+        if kdocs:
+            out["geo_mean_ppl_kenlm_by_lang"] = {lang: round(math.exp(ksums[lang] / n), 3) for lang, n in sorted(kdocs.items()) if n}
+        if plan is not None:
+            out["cutoffs"] = {"by": f"ppl_{cfg.bucket_by}", "head_percentile": cfg.head_percentile,
+                              "tail_percentile": cfg.tail_percentile,
+                              "by_lang": {lang: {"head": round(c["head"], 4), "tail": round(c["tail"], 4), "docs": c["docs"]}
+                                          for lang, c in plan["cutoffs"].items()}}
+        return {**out, **stats}
+
+
+class ShardScores:
+    """One shard's part of the plan: the cut-offs and the scores its scan wrote, read in row order."""
+
+    def __init__(self, cutoffs: dict | None, precomputed: pa.Table | None):
+        self.cutoffs = cutoffs
+        self.precomputed = precomputed
+        self._offset = 0
+
+    def take(self, batch: pa.Table) -> dict[str, list]:
+        part = self.precomputed.slice(self._offset, batch.num_rows)
+        self._offset += batch.num_rows
+        if part.column("id").to_pylist() != batch.column("id").to_pylist():
+            raise AssertionError("perplexity: precomputed scores are out of step with the shard")
+        return {c: part.column(c).to_pylist() for c in part.column_names if c != "id"}
+
 
 def shard_stats(t: pa.Table, scores: dict[str, list]) -> dict:
     """Per language: documents and sums of log-perplexities (the report turns them into means)."""
     stats: dict = {"docs_by_lang": {}, "log_ppl_wayra_sum_by_lang": {}}
-    for lang, v in zip(_langs(t), scores["ppl_wayra"]):
+    for lang, v in zip(langs_of(t), scores["ppl_wayra"]):
         stats["docs_by_lang"][lang] = stats["docs_by_lang"].get(lang, 0) + 1
         stats["log_ppl_wayra_sum_by_lang"][lang] = stats["log_ppl_wayra_sum_by_lang"].get(lang, 0.0) + math.log(v)
     if "ppl_kenlm" in scores:
         stats["log_ppl_kenlm_sum_by_lang"] = {}
         stats["kenlm_docs_by_lang"] = {}
-        for lang, v in zip(_langs(t), scores["ppl_kenlm"]):
+        for lang, v in zip(langs_of(t), scores["ppl_kenlm"]):
             if v is not None:
                 stats["kenlm_docs_by_lang"][lang] = stats["kenlm_docs_by_lang"].get(lang, 0) + 1
                 stats["log_ppl_kenlm_sum_by_lang"][lang] = stats["log_ppl_kenlm_sum_by_lang"].get(lang, 0.0) + math.log(v)
@@ -256,7 +246,7 @@ def shard_stats(t: pa.Table, scores: dict[str, list]) -> dict:
 
 # ---- global buckets: score, cut, split ----------------------------------------------------------
 
-def score_shard(scorer: Scorer, shard: Shard, run_dir: str, batch_rows: int) -> tuple[str, dict[str, list[float]]]:
+def score_shard(scorer: Scorer, shard: Shard, folder: Path, batch_rows: int) -> tuple[str, dict[str, list[float]]]:
     """Write a shard's scores (id + ppl columns, same row order) and return the bucketing score by language."""
     pf = pq.ParquetFile(shard.path)
     cols = [c for c in ("id", "text", "lang") if c in pf.schema_arrow.names]
@@ -265,11 +255,10 @@ def score_shard(scorer: Scorer, shard: Shard, run_dir: str, batch_rows: int) -> 
         t = pa.Table.from_batches([rb])
         s = scorer.score(t)
         parts.append(pa.table({"id": t.column("id"), **{k: pa.array(v, pa.float64()) for k, v in s.items()}}))
-        for lang, v in zip(_langs(t), s["ppl_" + scorer.cfg.bucket_by]):
+        for lang, v in zip(langs_of(t), s["ppl_" + scorer.cfg.bucket_by]):
             if v is not None and not math.isnan(v):
                 by_lang.setdefault(lang, []).append(v)
-    _, _, done_dir = stage_dirs(run_dir, "perplexity")
-    path = done_dir / "scores" / f"{shard.name}.{shard.sha256[:16]}.{scorer.fingerprint()}.parquet"
+    path = folder / f"{shard.name}.{shard.sha256[:16]}.{scorer.fingerprint()}.parquet"
     if parts:
         table = pa.concat_tables(parts)
     else:
@@ -288,67 +277,3 @@ def compute_cutoffs(by_lang: dict[str, list[float]], cfg: PerplexityConfig) -> d
             out[lang] = {"head": float(np.percentile(v, cfg.head_percentile)),
                          "tail": float(np.percentile(v, cfg.tail_percentile)), "docs": int(len(v))}
     return out
-
-
-@task(name="perplexity-score", task_run_name="perplexity-score-{shard.name}", retries=1, retry_delay_seconds=1)
-def perplexity_score_task(shard: Shard, run_dir: str, cfg: PerplexityConfig, models: dict) -> tuple[str, dict]:
-    return score_shard(Scorer(cfg, models), shard, run_dir, cfg.batch_rows)
-
-
-@task(name="perplexity", task_run_name="perplexity-{shard.name}", retries=1, retry_delay_seconds=1)
-def perplexity_task(shard: Shard, run_dir: str, cfg: PerplexityConfig, models: dict,
-                    cutoffs: dict | None = None, scores_path: str | None = None) -> dict:
-    pre = pq.read_table(scores_path) if scores_path else None
-    return process_shard(PerplexityStage(cfg, Scorer(cfg, models), cutoffs, pre), shard, run_dir, batch_rows=cfg.batch_rows)
-
-
-def run_perplexity(shards: list[Shard], run_dir: str, cfg: PerplexityConfig) -> list[dict]:
-    """The stage's runner: load models (before any document is read); with buckets, score every
-    shard first, compute per-language cutoffs, then split; without, one pass."""
-    models = check_perplexity(cfg)
-    cutoffs, paths = None, [None] * len(shards)
-    if cfg.buckets:
-        by_lang: dict[str, list[float]] = {}
-        scored = [f.result() for f in perplexity_score_task.map(shards, run_dir=unmapped(run_dir), cfg=unmapped(cfg),
-                                                                  models=unmapped(models))]
-        for i, (path, part) in enumerate(scored):
-            paths[i] = path
-            for lang, vals in part.items():
-                by_lang.setdefault(lang, []).extend(vals)
-        cutoffs = compute_cutoffs(by_lang, cfg)
-    futures = [perplexity_task.submit(s, run_dir, cfg, models, cutoffs, p) for s, p in zip(shards, paths)]
-    results = [f.result() for f in futures]
-    summarize(results, models, cutoffs, cfg)
-    return results
-
-
-def summarize(results: list[dict], models: dict, cutoffs: dict | None, cfg: PerplexityConfig) -> None:
-    """Global parts of the report ride on the first shard: models, thresholds, per-language means."""
-    if not results:
-        return
-    docs: dict[str, int] = {}
-    sums: dict[str, float] = {}
-    kdocs: dict[str, int] = {}
-    ksums: dict[str, float] = {}
-    for r in results:
-        st = r["stats"]
-        for lang, n in st.get("docs_by_lang", {}).items():
-            docs[lang] = docs.get(lang, 0) + n
-        for lang, s in st.get("log_ppl_wayra_sum_by_lang", {}).items():
-            sums[lang] = sums.get(lang, 0.0) + s
-        for lang, n in st.get("kenlm_docs_by_lang", {}).items():
-            kdocs[lang] = kdocs.get(lang, 0) + n
-        for lang, s in st.get("log_ppl_kenlm_sum_by_lang", {}).items():
-            ksums[lang] = ksums.get(lang, 0.0) + s
-        for k in ("geo_mean_ppl_wayra_by_lang", "geo_mean_ppl_kenlm_by_lang", "models", "cutoffs"):
-            st.pop(k, None)
-    first = results[0]["stats"]
-    first["models"] = {"student": models["student"], "kenlm": models["kenlm"]}
-    first["geo_mean_ppl_wayra_by_lang"] = {lang: round(math.exp(sums[lang] / n), 3) for lang, n in sorted(docs.items()) if n}
-    if kdocs:
-        first["geo_mean_ppl_kenlm_by_lang"] = {lang: round(math.exp(ksums[lang] / n), 3) for lang, n in sorted(kdocs.items()) if n}
-    if cutoffs is not None:
-        first["cutoffs"] = {"by": f"ppl_{cfg.bucket_by}", "head_percentile": cfg.head_percentile,
-                            "tail_percentile": cfg.tail_percentile,
-                            "by_lang": {lang: {"head": round(c["head"], 4), "tail": round(c["tail"], 4), "docs": c["docs"]}
-                                        for lang, c in cutoffs.items()}}

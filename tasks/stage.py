@@ -1,17 +1,27 @@
-"""What every shard-level stage shares: its config base, the shard it reads, and the runner that
-applies a stage's pure batch logic to one shard and writes kept/removed shards atomically.
+"""The stage contract: what every stage after extract implements, the shard it reads, the typed
+result it returns, and where in the run folder it writes.
 
-A stage is a small class (datatrove's `PipelineStep` in spirit): `process(batch) -> Outcome`, one
-job, a reason for every removal. `process_shard` does the rest: streaming the shard in batches,
-writing `kept/` and `removed/` under temporary names, counting, checking `input = kept + removed`,
-and leaving a done-marker whose fingerprint (input hash, stage config hash, code version) lets a
-rerun skip the shard.
+A stage (datatrove's `PipelineStep` in spirit) is a small class with one job and a reason for every
+removal. The driver (`quipu.tasks.driver`, in process; the curate flow, with Prefect tasks) runs
+its phases in this order:
+
+    check()                      load models, indexes: fail before any document is read
+    scan(shard)      per shard   optional (`needs_scan`): signatures, scores
+    plan(scans)      once        optional: dedup clusters, per-language cut-offs
+    plan_for(shard, plan)        the part of the plan one shard needs (default: the plan)
+    process(batch, shard_plan)   per batch of a shard: kept / removed with reasons, stats
+    commit(scans, plan)          once, after every shard's output is written (e.g. the dedup index)
+    finalize(stats, ...)         stage-wide figures of the report (top-k examples, means, cut-offs)
+
+`fingerprint(shard_plan)` says what, besides the input shard, the code and the config, a finished
+shard depends on (model files, cut-offs, decisions): a rerun reuses a shard only if it matches.
+A filter that scores every document with a model and keeps by threshold or top fraction per
+language subclasses `ScoreFilter` (quipu.tasks.score_filter).
 """
 from __future__ import annotations
 
 import hashlib
 import inspect
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,20 +29,21 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.catalog.files import atomic_path, sha256_file
+from quipu.tasks.schema import with_reason
 
 QUIPU_VERSION = "0.1.0"
-EXAMPLES_PER_REASON = 3
-SNIPPET_CHARS = 240
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=True)
+SNIPPET_CHARS = 240
 
 
 class StageConfig(BaseModel):
     """Base of every stage's config block: unknown keys are errors, every stage can be switched off."""
     model_config = ConfigDict(extra="forbid", validate_default=True)
     enabled: bool = True
+    batch_rows: int = Field(2000, gt=0, description="documents per batch read from a shard")
 
 
 class Shard(BaseModel):
@@ -44,6 +55,68 @@ class Shard(BaseModel):
     bytes: int = 0
 
 
+class ShardResult(BaseModel):
+    """One stage's outcome on one shard; also its done-marker (`<stage>/_shards/<shard>.json`)."""
+    stage: str
+    shard: str
+    fingerprint: str
+    input: Shard
+    kept: Shard
+    removed: Shard
+    input_docs: int
+    kept_docs: int
+    removed_docs: int
+    removed_by_reason: dict[str, int] = Field(default_factory=dict)
+    examples: dict[str, list[dict]] = Field(default_factory=dict)
+    stats: dict[str, Any] = Field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    chars_in: int = 0
+    chars_out: int = 0
+    seconds: float = 0.0
+    skipped: bool = False     # reused from an earlier run (not stored in the marker)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a stage knows of the run it is part of, passed explicitly (never through a global)."""
+    run_dir: str                    # absolute path of the run folder
+    dataset: str | None = None      # catalog name of the curated dataset: names the dedup index
+    run_id: str | None = None       # catalog run id (e.g. benchmark versions are recorded under it)
+
+    def layout(self, stage: str) -> "StageLayout":
+        return StageLayout(Path(self.run_dir) / stage)
+
+
+DETACHED = RunContext(run_dir="")   # a stage used on batches only (unit tests, notebooks)
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Where one stage writes in the run folder (the one place this is computed)."""
+    root: Path
+
+    @property
+    def kept(self) -> Path:
+        return self.root / "kept"
+
+    @property
+    def removed(self) -> Path:
+        return self.root / "removed"
+
+    @property
+    def markers(self) -> Path:
+        return self.root / "_shards"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.json"
+
+    def scratch(self, name: str) -> Path:
+        """A folder for a global stage's intermediate files (signatures, plans, scores)."""
+        return self.root / name
+
+
 @dataclass
 class Outcome:
     kept: pa.Table
@@ -52,19 +125,55 @@ class Outcome:
 
 
 class Stage:
-    """One shard-level stage. Subclasses set `name`, take their config, implement `process`."""
+    """One stage after extract. Subclasses set `name` and `Config` and implement `process`."""
     name: ClassVar[str]
+    Config: ClassVar[type[StageConfig]]
 
-    def __init__(self, config: StageConfig):
+    def __init__(self, config: StageConfig, context: RunContext | None = None):
         self.config = config
+        self.context = context or DETACHED
 
-    def process(self, batch: pa.Table) -> Outcome:  # pragma: no cover - interface
+    @property
+    def layout(self) -> "StageLayout":
+        if self.context is DETACHED:
+            raise RuntimeError(f"stage {self.name} runs detached from a run (no run folder): give it a RunContext")
+        return self.context.layout(self.name)
+
+    def check(self) -> None:
+        """Load what the stage needs; raise an error naming the missing or corrupt file."""
+
+    def needs_scan(self) -> bool:
+        return False
+
+    def scan(self, shard: Shard) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def plan(self, scans: list | None) -> Any:
+        return None
+
+    def plan_for(self, shard: Shard, plan: Any) -> Any:
+        return plan
+
+    def process(self, batch: pa.Table, shard_plan: Any = None) -> Outcome:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def fingerprint(self, shard_plan: Any) -> dict:
+        return {}
+
+    def commit(self, scans: list | None, plan: Any) -> dict | None:
+        return None
+
+    def finalize(self, stats: dict, scans: list | None, plan: Any, committed: dict | None) -> dict:
+        return stats
 
     def code_version(self) -> str:
         """The quipu version plus a hash of the module source: a code change invalidates old shards."""
-        src = inspect.getsource(inspect.getmodule(type(self)))
-        return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+        return module_version(inspect.getmodule(type(self)))
+
+
+def module_version(*modules) -> str:
+    src = "".join(inspect.getsource(m) for m in modules)
+    return f"{QUIPU_VERSION}+{hashlib.sha256(src.encode()).hexdigest()[:12]}"
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -120,183 +229,23 @@ def write_table(path: Path, table: pa.Table) -> Shard:
     return w.close()
 
 
-# ---- counting ---------------------------------------------------------------------------------
-
-def text_sizes(table: pa.Table) -> tuple[int, int]:
-    """(UTF-8 bytes, characters) of the `text` column."""
-    if table.num_rows == 0:
-        return 0, 0
-    text = table.column("text")
-    return int(pc.sum(pc.binary_length(text)).as_py() or 0), int(pc.sum(pc.utf8_length(text)).as_py() or 0)
-
-
-def snippet(text: str | None, n: int = SNIPPET_CHARS) -> str:
-    text = (text or "").strip().replace("\n", " ")
-    return text if len(text) <= n else text[:n] + "…"
-
-
-def count_reasons(removed: pa.Table, counts: dict[str, int], examples: dict[str, list[dict]]) -> None:
-    if removed.num_rows == 0:
-        return
-    reasons = removed.column("reason").to_pylist()
-    ids = removed.column("id").to_pylist()
-    texts = removed.column("text")
-    for i, reason in enumerate(reasons):
-        counts[reason] = counts.get(reason, 0) + 1
-        ex = examples.setdefault(reason, [])
-        if len(ex) < EXAMPLES_PER_REASON:
-            ex.append({"id": ids[i], "snippet": snippet(texts[i].as_py())})
-
-
-def merge_counts(into: dict, other: dict) -> dict:
-    """Sum numbers and merge nested dicts; lists are concatenated (used for stage-specific stats)."""
-    for k, v in other.items():
-        if isinstance(v, dict):
-            merge_counts(into.setdefault(k, {}), v)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            into[k] = into.get(k, 0) + v
-        elif isinstance(v, list):
-            into[k] = list(into.get(k, [])) + v
-        else:
-            into[k] = v
-    return into
-
-
-# ---- the shard runner -------------------------------------------------------------------------
-
-def stage_dirs(run_dir: str | Path, stage: str) -> tuple[Path, Path, Path]:
-    base = Path(run_dir) / stage
-    return base / "kept", base / "removed", base / "_shards"
-
-
-def fingerprint(stage: Stage, input_sha: str) -> str:
-    return sha256_json({"stage": stage.name, "input": input_sha, "code": stage.code_version(),
-                        "config": stage.config.model_dump(mode="json")})
-
-
-def load_done(marker: Path, fp: str) -> dict | None:
-    """The stored result of a finished shard if it matches `fp` and its outputs are intact."""
-    if not marker.exists():
-        return None
-    try:
-        done = read_json(marker)
-    except Exception:
-        return None
-    if done.get("fingerprint") != fp:
-        return None
-    for key in ("kept", "removed"):
-        out = done.get(key)
-        if out and (not Path(out["path"]).exists() or sha256_file(out["path"]) != out["sha256"]):
-            return None
-    return done
-
-
-def process_shard(stage: Stage, shard: Shard, run_dir: str | Path, batch_rows: int = 2000) -> dict:
-    """Run `stage` over one shard; returns the shard's result (also stored as its done-marker)."""
-    kept_dir, removed_dir, done_dir = stage_dirs(run_dir, stage.name)
-    marker = done_dir / f"{shard.name}.json"
-    fp = fingerprint(stage, shard.sha256)
-    done = load_done(marker, fp)
-    if done is not None:
-        done["skipped"] = True
-        return done
-
-    t0 = time.perf_counter()
-    kept_w = ShardWriter(kept_dir / f"{shard.name}.parquet")
-    removed_w = ShardWriter(removed_dir / f"{shard.name}.parquet")
-    counts: dict[str, int] = {}
-    examples: dict[str, list[dict]] = {}
-    stats: dict[str, Any] = {}
-    n_in = bytes_in = chars_in = bytes_out = chars_out = 0
-    try:
-        pf = pq.ParquetFile(shard.path)
-        batches = pf.iter_batches(batch_size=batch_rows)
-        first = True
-        for rb in batches:
-            batch = pa.Table.from_batches([rb])
-            first = False
-            out = stage.process(batch)
-            _check_outcome(stage.name, batch, out)
-            n_in += batch.num_rows
-            b, c = text_sizes(batch); bytes_in += b; chars_in += c
-            b, c = text_sizes(out.kept); bytes_out += b; chars_out += c
-            kept_w.write(out.kept)
-            removed_w.write(out.removed)
-            count_reasons(out.removed, counts, examples)
-            merge_counts(stats, out.stats)
-        if first:  # an empty shard still yields (empty) outputs with the stage's schema
-            out = stage.process(pf.schema_arrow.empty_table())
-            kept_w.write(out.kept)
-            removed_w.write(out.removed)
-        kept = kept_w.close()
-        removed = removed_w.close()
-    except BaseException:
-        kept_w.abort()
-        removed_w.abort()
-        raise
-    result = {
-        "stage": stage.name, "shard": shard.name, "fingerprint": fp,
-        "input": shard.model_dump(), "kept": kept.model_dump(), "removed": removed.model_dump(),
-        "input_docs": n_in, "kept_docs": kept.rows, "removed_docs": removed.rows,
-        "removed_by_reason": counts, "examples": examples, "stats": stats,
-        "bytes_in": bytes_in, "bytes_out": bytes_out, "chars_in": chars_in, "chars_out": chars_out,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-    if result["input_docs"] != result["kept_docs"] + result["removed_docs"]:
-        raise AssertionError(f"{stage.name}/{shard.name}: input {n_in} != kept {kept.rows} + removed {removed.rows}")
-    write_json_atomic(marker, result)
-    result["skipped"] = False
-    return result
-
-
-def _check_outcome(stage: str, batch: pa.Table, out: Outcome) -> None:
-    if out.kept.num_rows + out.removed.num_rows != batch.num_rows:
-        raise AssertionError(f"stage {stage}: {batch.num_rows} in, {out.kept.num_rows} kept + "
-                             f"{out.removed.num_rows} removed")
-    if out.removed.num_rows and "reason" not in out.removed.column_names:
-        raise AssertionError(f"stage {stage}: removed rows without a reason")
-
-
 def split_by_mask(batch: pa.Table, keep: list[bool], reasons: list[str | None]) -> tuple[pa.Table, pa.Table]:
     """Kept rows, and removed rows with their reason column, from a per-row decision."""
     mask = pa.array(keep, pa.bool_())
     kept = batch.filter(mask)
     removed = batch.filter(pc.invert(mask))
     removed_reasons = [r for k, r in zip(keep, reasons) if not k]
-    from tasks.schema import with_reason
     return kept, with_reason(removed, removed_reasons)
 
 
-# ---- stage reports ----------------------------------------------------------------------------
-
-def aggregate(stage: str, results: list[dict]) -> dict:
-    """Sum per-shard results into the stage report (shards in the given, deterministic order)."""
-    report: dict[str, Any] = {"stage": stage, "input_docs": 0, "kept_docs": 0, "removed_docs": 0,
-                              "bytes_in": 0, "bytes_out": 0, "chars_in": 0, "chars_out": 0,
-                              "seconds": 0.0, "removed_by_reason": {}, "examples": {}, "stats": {},
-                              "shards": []}
-    for r in results:
-        for k in ("input_docs", "kept_docs", "removed_docs", "bytes_in", "bytes_out", "chars_in", "chars_out"):
-            report[k] += r.get(k, 0)
-        report["seconds"] += r.get("seconds", 0.0)
-        for reason, n in r.get("removed_by_reason", {}).items():
-            report["removed_by_reason"][reason] = report["removed_by_reason"].get(reason, 0) + n
-        for reason, ex in r.get("examples", {}).items():
-            slot = report["examples"].setdefault(reason, [])
-            slot.extend(ex[: max(0, EXAMPLES_PER_REASON - len(slot))])
-        merge_counts(report["stats"], r.get("stats", {}))
-        report["shards"].append({"name": r.get("shard"), "input_docs": r.get("input_docs", 0),
-                                 "kept_docs": r.get("kept_docs", 0), "removed_docs": r.get("removed_docs", 0),
-                                 "skipped": r.get("skipped", False)})
-    report["seconds"] = round(report["seconds"], 3)
-    report["removed_by_reason"] = dict(sorted(report["removed_by_reason"].items(), key=lambda kv: (-kv[1], kv[0])))
-    if report["input_docs"] != report["kept_docs"] + report["removed_docs"]:
-        raise AssertionError(f"stage {stage}: input {report['input_docs']} != kept {report['kept_docs']} "
-                             f"+ removed {report['removed_docs']}")
-    return report
+def snippet(text: str | None, n: int = SNIPPET_CHARS) -> str:
+    """The start of a text on one line: what reports show of a document."""
+    text = (text or "").strip().replace("\n", " ")
+    return text if len(text) <= n else text[:n] + "…"
 
 
-def write_report(run_dir: str | Path, stage: str, report: dict) -> Path:
-    path = Path(run_dir) / stage / "report.json"
-    write_json_atomic(path, report)
-    return path
+def langs_of(batch: pa.Table, unknown: str = "und") -> list[str]:
+    """Each document's `lang` (from langid), or `unknown` when langid did not run."""
+    if "lang" not in batch.column_names:
+        return [unknown] * batch.num_rows
+    return [lang or unknown for lang in batch.column("lang").to_pylist()]

@@ -93,5 +93,5 @@ def shared_data() -> Path:
 def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the `quipu` CLI in a subprocess against the session's Prefect server."""
     start_prefect_server()
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "quipu.flows.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)

@@ -186,7 +186,7 @@ def small_jsonl(shared_data: Path, dest: Path, source: str, n: int, skip: int = 
 
 def light_curate_config(dest: Path, **extra) -> Path:
     """The demo config with only the cheap stages (extract, langid, heuristics) on."""
-    from flows.curate import STAGES
+    from quipu.tasks.pipeline import STAGES
     cfg = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
     for spec in STAGES:
         if spec.name not in ("langid", "heuristics"):

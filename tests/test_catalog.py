@@ -1,8 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from catalog import registry
-from catalog.files import atomic_path, remove_stale_temporaries, sha256_file, write_json_atomic
+from quipu.catalog import registry
+from quipu.catalog.files import atomic_path, remove_stale_temporaries, sha256_file, write_json_atomic
 
 
 def test_atomic_path_leaves_nothing_on_error(tmp_path):

@@ -1,8 +1,8 @@
 import pytest
 
-from flows.cli import main
-from flows.config import ConfigError, load_config
-from flows.curate import CurateConfig
+from quipu.flows.cli import main
+from quipu.flows.config import ConfigError, load_config
+from quipu.flows.curate import CurateConfig
 
 
 def test_defaults_validate():

@@ -94,7 +94,7 @@ def test_kill_and_resume_gives_the_same_bytes(reference_run, inputs, tmp_path):
     partial file was ever visible under a final name, and no temporary is left."""
     out = tmp_path / "curate-killed"
     start_prefect_server()
-    cmd = [sys.executable, "-m", "flows.cli", "curate", CONFIG, "--input", str(inputs / "*"), "--output", str(out),
+    cmd = [sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, "--input", str(inputs / "*"), "--output", str(out),
            "--set", "extract.shard_mb=0.05"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

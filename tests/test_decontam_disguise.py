@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks.decontam import DecontamConfig, Decontaminate, normalize
+from quipu.tasks.decontam import DecontamConfig, Decontaminate, normalize
 
 ITEM_SOURCES = {"es_items": "es_nltk_cess_esp_news.jsonl", "pt_items": "pt_fakebr_news.jsonl"}
 CYRILLIC = dict(zip("aeopcxyAEOPCXHKMT", "аеорсхуАЕОРСХНКМТ"))

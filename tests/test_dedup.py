@@ -17,9 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.dedup import DedupConfig, MinHasher, dedup_local, index_name, open_index, tokenize, words
-from tasks.dedup_index import IndexMismatch
-from tasks.stage import Shard, write_table
+from quipu.tasks.dedup import DedupConfig, index_name, open_index
+from quipu.tasks.minhash import MinHasher, tokenize, words
+from quipu.tasks.driver import run_local
+from quipu.tasks.dedup_index import IndexMismatch
+from quipu.tasks.stage import RunContext, Shard, write_table
 from tests.conftest import ROOT, run_quipu
 
 NGRAM = 5
@@ -111,6 +113,11 @@ def write_shards(rows: list[dict], folder: Path, n: int, prefix: str = "s") -> l
     return shards
 
 
+def dedup_local(shards, run_dir, cfg):
+    """The dedup stage in process (no Prefect): its shard results and stage report."""
+    return run_local("dedup", cfg, shards, run_dir)
+
+
 def removed_rows(run_dir: Path) -> list[dict]:
     files = sorted((run_dir / "dedup" / "removed").glob("*.parquet"))
     return [r for f in files for r in pq.read_table(f, columns=["id", "reason", "dup_of", "cluster_id", "dup_jaccard"]).to_pylist()]
@@ -184,8 +191,8 @@ def test_signatures_equal_datasketch_update_batch(shared_data):
 
 
 def test_config_presets_and_errors():
-    from flows.config import ConfigError, load_config
-    from flows.curate import CurateConfig
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
     c = DedupConfig(preset="fineweb")
     assert (c.num_perm, *c.lsh_params()) == (112, 14, 8)
     assert DedupConfig(bands=16).lsh_params() == (16, 8)
@@ -199,9 +206,10 @@ def test_config_presets_and_errors():
     with pytest.raises(ConfigError, match="dataset: .*not a safe name"):   # names become folder names (issue 13)
         load_config(CurateConfig, data={"dataset": "cc/2026"})
     cfg = load_config(CurateConfig, data={"dataset": "cc-2026"})
-    assert index_name(cfg.dedup, "runs/x") == "cc-2026"
-    own = index_name(load_config(CurateConfig, data={"output": "runs/cc-a"}).dedup, "runs/cc-a")
-    assert own.startswith("cc-a-") and own != index_name(DedupConfig(), "elsewhere/cc-a")
+    assert index_name(cfg.dedup, cfg.context()) == "cc-2026"
+    own_cfg = load_config(CurateConfig, data={"output": "runs/cc-a"})
+    own = index_name(own_cfg.dedup, own_cfg.context())
+    assert own.startswith("cc-a-") and own != index_name(DedupConfig(), RunContext(str(Path("elsewhere/cc-a").resolve())))
     assert index_name(load_config(CurateConfig, data={"dedup": {"index": "main"}}).dedup, None) == "main"
 
 
@@ -221,7 +229,7 @@ def test_recall_and_precision_against_true_jaccard(shared_data, tmp_path):
     rng.shuffle(rows)
     shards = write_shards(rows, tmp_path / "in", 4)
     cfg = cfg_for(tmp_path, "none", "gt")
-    results = dedup_local(shards, str(tmp_path / "run"), cfg)
+    results, report = dedup_local(shards, str(tmp_path / "run"), cfg)
 
     truth = true_pairs(rows, 0.7)
     pos = {p for p, j in truth.items() if j >= 0.8}
@@ -240,7 +248,7 @@ def test_recall_and_precision_against_true_jaccard(shared_data, tmp_path):
     kept = set(kept_ids(tmp_path / "run"))
     assert all(r["dup_of"] in kept and r["cluster_id"] for r in removed.values())
     assert len(kept) + len(removed) == len(rows)
-    rep = results[0]["stats"]["dedup"]
+    rep = report["stats"]["dedup"]
     assert rep["near_dup"] + rep["exact_dup"] == len(removed) and len(rep["examples"]) == 3
     assert sum(n * (int(k) - 1) for k, n in rep["cluster_size_histogram"].items()) == len(removed)
 
@@ -285,33 +293,34 @@ def test_two_runs_equal_one_run(tmp_path, ab_rows, single_run, backend, request)
     single, sa, sb = single_run
     cfg = cfg_for(tmp_path, backend, f"inc-{backend}", redis_cfg)
     dedup_local(sa, str(tmp_path / "run-a"), cfg)
-    res_b = dedup_local(sb, str(tmp_path / "run-b"), cfg)
+    _, rep_b = dedup_local(sb, str(tmp_path / "run-b"), cfg)
     got = {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / "run-b")}
     a_ids = {r["id"] for r in a}
     assert sum(1 for _, _, d in got if d in a_ids) >= 80       # B's copies of A's documents were found
     assert got == single
-    idx = open_index(cfg, tmp_path / "observer")
+    idx = open_index(cfg, RunContext(str(tmp_path / "observer")))
     assert sorted(idx.doc_ids()) == sorted(kept_ids(tmp_path / "run-a") + kept_ids(tmp_path / "run-b"))
-    assert res_b[0]["stats"]["dedup"]["index"]["docs_before"] == len(kept_ids(tmp_path / "run-a"))
+    assert rep_b["stats"]["dedup"]["index"]["docs_before"] == len(kept_ids(tmp_path / "run-a"))
     # a rerun into the same output replaces its own generation instead of matching itself
     dedup_local(sb, str(tmp_path / "run-b"), cfg)
     assert {(r["id"], r["reason"], r["dup_of"]) for r in removed_rows(tmp_path / "run-b")} == single
     # B's output folder rerun on other input (one shard): its new generation replaces the old one
-    res = dedup_local(sb[:1], str(tmp_path / "run-b"), cfg)
-    b1_kept = pq.read_table(res[0]["kept"]["path"], columns=["id"]).column("id").to_pylist()
-    idx = open_index(cfg, tmp_path / "observer")
+    res, _ = dedup_local(sb[:1], str(tmp_path / "run-b"), cfg)
+    b1_kept = pq.read_table(res[0].kept.path, columns=["id"]).column("id").to_pylist()
+    idx = open_index(cfg, RunContext(str(tmp_path / "observer")))
     assert sorted(idx.doc_ids()) == sorted(kept_ids(tmp_path / "run-a") + b1_kept)
     # another configuration cannot silently reuse the index
     with pytest.raises(IndexMismatch, match="dedup.num_perm"):
-        open_index(cfg.model_copy(update={"num_perm": 64}), tmp_path / "observer")
+        open_index(cfg.model_copy(update={"num_perm": 64}), RunContext(str(tmp_path / "observer")))
 
 
 CRASH_SCRIPT = """
 import json, sys
-from tasks.dedup import DedupConfig, dedup_local
-from tasks.stage import Shard
+from quipu.tasks.dedup import DedupConfig
+from quipu.tasks.driver import run_local
+from quipu.tasks.stage import Shard
 cfg = DedupConfig.model_validate(json.loads(sys.argv[1]))
-dedup_local([Shard(**s) for s in json.loads(sys.argv[2])], sys.argv[3], cfg)
+run_local("dedup", cfg, [Shard(**s) for s in json.loads(sys.argv[2])], sys.argv[3])
 """
 
 
@@ -341,12 +350,12 @@ def test_kill_during_dedup_then_rerun(tmp_path, kill_reference, backend, point, 
                           cwd=ROOT, env={**os.environ, "QUIPU_DEDUP_CRASH_AT": point}, capture_output=True, text=True)
     assert proc.returncode == 137, proc.stderr[-2000:]
     # killed before its commit: the index holds exactly what run A output
-    assert sorted(open_index(cfg, tmp_path / "observer").doc_ids()) == sorted(a_kept)
+    assert sorted(open_index(cfg, RunContext(str(tmp_path / "observer"))).doc_ids()) == sorted(a_kept)
 
     dedup_local(sb, str(tmp_path / "run-b"), cfg)
     assert sorted(kept_ids(tmp_path / "run-b")) == sorted(ref_kept)
     assert removed_rows(tmp_path / "run-b") == ref_removed
-    assert sorted(open_index(cfg, tmp_path / "observer").doc_ids()) == sorted(a_kept + kept_ids(tmp_path / "run-b"))
+    assert sorted(open_index(cfg, RunContext(str(tmp_path / "observer"))).doc_ids()) == sorted(a_kept + kept_ids(tmp_path / "run-b"))
 
 
 # ---- policy and determinism -------------------------------------------------------------------
@@ -376,7 +385,7 @@ def test_quality_policy_keeps_best_and_output_is_deterministic(shared_data, tmp_
 
 @pytest.mark.slow
 def test_curate_flow_runs_dedup_stage(shared_data, tmp_path, prefect_server):
-    from flows.curate import CurateConfig
+    from quipu.tasks.pipeline import STAGES
     rng = random.Random(5)
     docs = load_docs(shared_data, per_file=40)
     vocab = [w for d in docs for w in d["text"].split()]
@@ -385,8 +394,7 @@ def test_curate_flow_runs_dedup_stage(shared_data, tmp_path, prefect_server):
     rows += [{"id": d["id"] + "#x", "text": d["text"]} for d in docs[50:60]]
     inp = tmp_path / "docs.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    off = [f"--set={name}.enabled=false" for name, f in CurateConfig.model_fields.items()
-           if name not in ("extract", "dedup") and hasattr(f.default, "enabled")]
+    off = [f"--set={s.name}.enabled=false" for s in STAGES if s.name != "dedup"]
     args = ["curate", str(ROOT / "configs" / "curate" / "demo.yaml"), "--input", str(inp),
             "--output", str(tmp_path / "out"), f"--set=dedup.index_dir={tmp_path / 'idx'}", *off]
     p = run_quipu(*args)

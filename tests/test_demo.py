@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import demo_sources
-from flows.demo_corpus import DocumentPlan, build_demo_corpus, built_corpus, ensure_demo_corpus, humaneval_statement
+from quipu.demo import sources as demo_sources
+from quipu.demo.corpus import DocumentPlan, build_demo_corpus, built_corpus, ensure_demo_corpus, humaneval_statement
 
 SMALL = 0.1
 
@@ -174,7 +174,7 @@ def test_scale_out_of_range_is_refused(tmp_path):
 
 
 def test_demo_command_rejects_unknown_steps(capsys):
-    from flows.cli import main
+    from quipu.flows.cli import main
     assert main(["demo", "--steps", "build-corpus,nonsense"]) == 2
     assert "unknown step 'nonsense'" in capsys.readouterr().err
 
@@ -183,7 +183,7 @@ def test_demo_command_rejects_unknown_steps(capsys):
 
 @pytest.mark.slow
 def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_server, tmp_path, capsys):
-    from flows.demo import DemoContext, planted_outcomes, run_demo
+    from quipu.demo.run import DemoContext, planted_outcomes, run_demo
 
     # the corpus and the curate flow only: the model steps (quality-train, ppl-distill, train) have
     # their own tests, and the stages that need their models stay off in configs/curate/demo.yaml

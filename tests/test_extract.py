@@ -8,8 +8,8 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.extract import ExtractConfig, HtmlExtractor, control_char_ratio, decide, extract_file
-from tasks.readers import RawRecord, ReadStats, read
+from quipu.tasks.extract import ExtractConfig, HtmlExtractor, control_char_ratio, decide, extract_file
+from quipu.tasks.readers import RawRecord, ReadStats, read
 
 CONSTRUCTED = "web/constructed/article-extraction-benchmark-shared"
 
@@ -35,7 +35,7 @@ def test_extraction_quality_vs_plain_trafilatura(shared_data, tmp_path):
     warc = shared_data / f"{CONSTRUCTED}.warc.gz"
     gold = {j["url"]: j["articleBody"] for j in map(json.loads, open(shared_data / f"{CONSTRUCTED}.ground_truth.jsonl"))}
 
-    result = extract_file(str(warc), tmp_path, ExtractConfig())
+    result = extract_file(str(warc), tmp_path, ExtractConfig()).model_dump()
     assert result["records_read"] == 100 and result["quarantined"] == 0
     ours: dict[str, str] = {}
     for s in result["kept_shards"]:
@@ -97,20 +97,20 @@ def test_timeout_costs_one_document_and_the_worker_recovers():
 
 
 def test_extract_keeps_url_date_content_type(shared_data, tmp_path):
-    r = extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig())
+    r = extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig()).model_dump()
     rows = pq.read_table(r["kept_shards"][0]["path"]).to_pylist()
     assert rows and all(x["url"].startswith("http") and x["date"] and x["content_type"].startswith("text/html") for x in rows)
     assert all(json.loads(x["metadata"])["warc_type"] == "response" for x in rows)
     # unchanged input and config: the file is skipped on a rerun; a config change redoes it
-    assert extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig())["skipped"]
-    assert not extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig(min_chars=5))["skipped"]
+    assert extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig()).model_dump()["skipped"]
+    assert not extract_file(str(shared_data / "web" / "pywb__example.warc.gz"), tmp_path, ExtractConfig(min_chars=5)).model_dump()["skipped"]
 
 
 @pytest.mark.parametrize("shard_mb", [0.001])
 def test_shard_size_splits_output(tmp_path, shard_mb):
     lines = "".join(json.dumps({"id": f"d{i}", "text": "word " * 400}) + "\n" for i in range(20))
     (tmp_path / "a.jsonl").write_text(lines)
-    r = extract_file(str(tmp_path / "a.jsonl"), tmp_path / "out", ExtractConfig(shard_mb=shard_mb))
+    r = extract_file(str(tmp_path / "a.jsonl"), tmp_path / "out", ExtractConfig(shard_mb=shard_mb)).model_dump()
     assert len(r["kept_shards"]) > 1
     ids = [i for s in r["kept_shards"] for i in pq.read_table(s["path"]).column("id").to_pylist()]
     assert ids == [f"d{i}" for i in range(20)]

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.files import sha256_file
+from quipu.catalog.files import sha256_file
 from tests.conftest import ROOT, start_prefect_server
 from tests.textgen import make_docs, python_doc_paragraphs, write_jsonl
 
@@ -214,7 +214,7 @@ def read_all(paths, columns=None) -> pa.Table | None:
 
 
 def quipu_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", *args]
+    return [sys.executable, "-m", "quipu.flows.cli", *args]
 
 
 # ---- the two models the stages need, trained here with the project's own code ------------------
@@ -235,9 +235,10 @@ def _word_salad(n: int, seed: int) -> list[dict]:
 def tiny_models(tmp_path_factory, prefect_server) -> dict:
     """A fastText quality classifier (the quality-train flow, light settings) and a tiny Wayra
     student (trainer.wayra.distill on a learnable stand-in label, as tests/test_perplexity.py does)."""
-    from flows.config import load_config
-    from flows.quality_train import QualityTrainConfig, quality_train
-    from trainer.wayra import DistillSettings, WayraArch, distill
+    from quipu.flows.config import load_config
+    from quipu.flows.quality_train import QualityTrainConfig, quality_train
+    from quipu.trainer.wayra import WayraArch
+    from quipu.trainer.wayra_train import DistillSettings, distill
 
     base = tmp_path_factory.mktemp("fault-models")
     pos = write_jsonl(base / "pos.jsonl", make_docs(80, seed=70))
@@ -527,7 +528,7 @@ def test_sigkill_train_between_and_during_checkpoint_writes_resumes_exactly(tmp_
 # ---- fast checks of the two reader/extract fixes this suite found -------------------------------
 
 def test_http_header_charset_decides_how_html_is_read():
-    from tasks.extract import html_for_parser
+    from quipu.tasks.extract import html_for_parser
     page = "<p>Le café “crème” – très cher</p>".encode("cp1252")
     assert html_for_parser(page, "text/html; charset=windows-1252") == "<p>Le café “crème” – très cher</p>"
     assert html_for_parser(page, 'text/html; Charset="cp1252"') == "<p>Le café “crème” – très cher</p>"
@@ -537,7 +538,7 @@ def test_http_header_charset_decides_how_html_is_read():
 
 
 def test_malformed_warc_record_is_quarantined_not_skipped(tmp_path):
-    from tasks import readers
+    from quipu.tasks import readers
     path = tmp_path / "odd.warc.gz"
     build_odd_warc(path, random.Random(0), python_doc_paragraphs())
     stats = readers.ReadStats()

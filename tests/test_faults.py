@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog.files import sha256_file
-from flows.cli import main
-from flows.config import ConfigError, load_config
-from flows.curate import CurateConfig
+from quipu.catalog.files import sha256_file
+from quipu.flows.cli import main
+from quipu.flows.config import ConfigError, load_config
+from quipu.flows.curate import CurateConfig
 from tests.textgen import make_docs, write_jsonl
 
 
@@ -148,7 +148,7 @@ def test_read_only_output_fails_clearly_and_keeps_earlier_outputs(prefect_server
 
 @pytest.mark.slow
 def test_transient_failure_is_retried_without_redoing_finished_shards(prefect_server, tmp_path, monkeypatch):
-    from tasks import langid
+    from quipu.tasks import langid
 
     for i in range(3):
         write_jsonl(tmp_path / "in" / f"part{i}.jsonl", make_docs(20, seed=10 + i))
@@ -156,13 +156,13 @@ def test_transient_failure_is_retried_without_redoing_finished_shards(prefect_se
     failed: list[str] = []
     real = langid.LanguageId.process
 
-    def flaky(self, batch):
+    def flaky(self, batch, shard_plan=None):
         first_id = batch.column("id")[0].as_py() if batch.num_rows else ""
         calls[first_id] = calls.get(first_id, 0) + 1
         if first_id.startswith("doc-11-") and not failed:
             failed.append(first_id)
             raise ConnectionError("injected transient failure")
-        return real(self, batch)
+        return real(self, batch, shard_plan)
 
     monkeypatch.setattr(langid.LanguageId, "process", flaky)
     cfg = _config(tmp_path)

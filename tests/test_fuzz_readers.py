@@ -237,7 +237,7 @@ def check(fmt: str, kind: str, data: bytes, damage, tmp: Path) -> None:
     path = tmp / f"fuzz.{fmt}"
     path.write_bytes(data)
     run = tmp / "run"
-    result = extract_file(str(path), run, ExtractConfig(**LIMITS))
+    result = extract_file(str(path), run, ExtractConfig(**LIMITS)).model_dump()
     assert result["records_read"] == result["input_docs"] + result["quarantined"]
     assert result["input_docs"] == result["kept_docs"] + result["removed_docs"]
     written = [pq.read_table(s["path"], columns=["id"]) for s in result["kept_shards"] + [result["removed"]]]

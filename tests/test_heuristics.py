@@ -6,7 +6,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
+from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
 
 EN = ("The river rose slowly through the night, and by morning the old bridge was under water. "
       "Families in the lower town carried what they could to the church on the hill. "

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.extract import REMOVED_SCHEMA, TOO_LARGE_CHARS, ExtractConfig, extract_file
-from tasks.readers import ReadLimits, ReadStats, expand_inputs, read
+from quipu.tasks.extract import REMOVED_SCHEMA, TOO_LARGE_CHARS, ExtractConfig, extract_file
+from quipu.tasks.readers import ReadLimits, ReadStats, expand_inputs, read
 from tests.conftest import ROOT
 
 TEXT = ("The river rose slowly through the night, and by morning the old bridge was under water. "
@@ -83,7 +83,7 @@ def test_warc_last_record_truncated_without_target_uri(tmp_path):
     last = warc_record(None, page(2), 2)
     path = tmp_path / "interrupted.warc"
     path.write_bytes(data + last[: len(last) // 2])
-    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig()).model_dump()
     check_accounting(result)
     assert result["kept_docs"] == 2 and result["quarantined"] == 1
 
@@ -101,7 +101,7 @@ def test_warc_record_without_target_uri_in_the_middle_costs_only_itself(tmp_path
 def test_deeply_nested_json_line_is_one_quarantined_record(tmp_path):
     path = tmp_path / "nested.jsonl"
     path.write_bytes(jline(0) + b"[" * 1000 + b"]" * 1000 + b"\n" + b'{"text": ' + b"[" * 100_000 + b"\n" + jline(3))
-    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig()).model_dump()
     check_accounting(result)
     assert (result["records_read"], result["input_docs"], result["quarantined"]) == (4, 2, 2)
     reasons = pq.read_table(result["quarantine"]["path"]).column("reason").to_pylist()
@@ -122,7 +122,7 @@ def test_dangling_symlink_and_fifo_are_quarantined_not_opened(tmp_path):
 
     def work():  # a FIFO opened for reading blocks until a writer comes: this must never happen
         for f in files:
-            results[Path(f).name] = extract_file(f, tmp_path / "out", ExtractConfig())
+            results[Path(f).name] = extract_file(f, tmp_path / "out", ExtractConfig()).model_dump()
 
     t = threading.Thread(target=work, daemon=True)
     t.start()
@@ -145,7 +145,7 @@ def test_huge_integer_costs_one_line_not_the_rest_of_the_file(tmp_path):
     lines[4] = b'{"id": "big", "text": "x", "n": ' + b"9" * 5000 + b"}\n"
     path = tmp_path / "bigint.jsonl"
     path.write_bytes(b"".join(lines))
-    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig()).model_dump()
     check_accounting(result)
     assert (result["records_read"], result["input_docs"], result["quarantined"]) == (20, 19, 1)
     q = pq.read_table(result["quarantine"]["path"]).to_pylist()
@@ -166,7 +166,7 @@ def test_parquet_text_of_any_string_type_is_read(tmp_path, kind):
         col = pa.array([t.encode() for t in texts[:5]] + [b"caf\xe9 \xff"], pa.binary())
     path = tmp_path / f"{kind}.parquet"
     pq.write_table(pa.table({"id": ids, "text": col}), path, row_group_size=4)
-    result = extract_file(str(path), tmp_path / "out", ExtractConfig())
+    result = extract_file(str(path), tmp_path / "out", ExtractConfig()).model_dump()
     check_accounting(result)
     assert result["records_read"] == 6
     if kind == "binary":
@@ -227,8 +227,8 @@ def test_gzip_bomb_stops_with_bounded_memory(tmp_path):
     path = tmp_path / "bomb.jsonl.gz"
     _gzip_of_zeros(path, 3)   # ~3 MB expanding to 3 GiB, no newline
     out = run_child(f"""
-from tasks.extract import ExtractConfig, extract_file
-r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig())
+from quipu.tasks.extract import ExtractConfig, extract_file
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
 out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quarantine_by_reason')}}
 """)
     assert out["rss_mb"] < RSS_BOUND_MB, out
@@ -245,7 +245,7 @@ def test_zstd_bomb_stops_with_bounded_memory(tmp_path):
             w.write(block)
     assert path.stat().st_size < 2 << 20
     out = run_child(f"""
-from tasks.readers import read, ReadStats
+from quipu.tasks.readers import read, ReadStats
 items = list(read({str(path)!r}, ReadStats()))
 out = {{'n': len(items), 'reasons': [getattr(i, 'reason', None) for i in items], 'types': [type(i).__name__ for i in items]}}
 """)
@@ -269,7 +269,7 @@ def test_gigantic_warc_header_line_is_bounded_and_reading_resumes(tmp_path):
         fh.write(b"\r\n\r\n\r\n\r\n")
         fh.write(warc_record("https://example.org/2", page(2), 2))
     out = run_child(f"""
-from tasks.readers import read, ReadStats
+from quipu.tasks.readers import read, ReadStats
 items = list(read({str(path)!r}, ReadStats()))
 out = {{'urls': [getattr(i, 'url', None) for i in items], 'types': [type(i).__name__ for i in items]}}
 """)
@@ -289,8 +289,8 @@ def test_removed_large_documents_keep_only_a_prefix(tmp_path):
         fh.write(json.dumps({"id": "huge", "text": big * 4}) + "\n")   # 80 MB: over max_record_bytes
         fh.write(json.dumps({"id": "ok", "text": TEXT}) + "\n")
     out = run_child(f"""
-from tasks.extract import ExtractConfig, extract_file
-r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig())
+from quipu.tasks.extract import ExtractConfig, extract_file
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
 out = {{'removed': r['removed']['path'], 'kept': r['kept_docs'], 'by_reason': r['removed_by_reason'], 'read': r['records_read']}}
 """)
     assert out["rss_mb"] < RSS_BOUND_MB, out

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks.langid import LangIdConfig, LanguageId, default_model_path, load_fasttext, predict_top
+from quipu.tasks.langid import LangIdConfig, LanguageId, default_model_path, load_fasttext, predict_top
 
 TARGETS = ("en", "es", "pt")
 OTHER_PO_LANGS = ("gl", "ca", "it", "fr", "de", "nl", "ro", "eu", "ast", "ia")

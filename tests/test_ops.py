@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import ConfigError
-from flows.deploy import DEFAULT_FILE, deep_merge, resolve
-from flows.reports import RunProgress, diff_runs, summary_markdown
-from flows.runners import RunnerConfig, make_task_runner, runner_matches
-from flows.watch import WatchConfig, is_candidate, mark_seen, ready_files, scan
+from quipu.flows.config import ConfigError
+from quipu.flows.deploy import DEFAULT_FILE, deep_merge, resolve
+from quipu.flows.reports import RunProgress, diff_runs, summary_markdown
+from quipu.flows.runners import RunnerConfig, make_task_runner, runner_matches
+from quipu.flows.watch import WatchConfig, is_candidate, mark_seen, ready_files, scan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_watch_max_files_defers_the_rest(tmp_path):
 
 
 def test_watch_config_errors_name_the_key():
-    from flows.config import load_config
+    from quipu.flows.config import load_config
     with pytest.raises(ConfigError, match="locations"):
         load_config(WatchConfig, None, data={"locations": []})
     with pytest.raises(ConfigError, match="settle_s"):
@@ -111,7 +111,7 @@ def test_watch_config_errors_name_the_key():
 
 
 def test_shipped_watch_config_is_valid():
-    from flows.config import load_config
+    from quipu.flows.config import load_config
     cfg = load_config(WatchConfig, ROOT / "configs" / "watch" / "default.yaml")
     assert cfg.locations == ["data/raw"]
 
@@ -227,6 +227,6 @@ def test_runner_config_and_factory():
 
 
 def test_curate_config_has_runner_block():
-    from flows.curate import CurateConfig
+    from quipu.flows.curate import CurateConfig
     assert CurateConfig().runner.kind == "threads"
     assert CurateConfig.model_validate({"runner": {"kind": "dask", "dask_workers": 2}}).runner.dask_workers == 2

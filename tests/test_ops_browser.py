@@ -33,7 +33,7 @@ def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
         small_jsonl(shared_data, tmp_path / "in" / "es.jsonl", "es_gutenberg_quijote.jsonl", 10)
         cfg = light_curate_config(tmp_path / "curate.yaml", artifact_prefix="browser-test")
         out = tmp_path / "run"
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "curate", str(cfg), "--input", str(inp.parent),
+        proc = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", str(cfg), "--input", str(inp.parent),
                                "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
                               env={**os.environ, "PREFECT_API_URL": server.url})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

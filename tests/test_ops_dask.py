@@ -9,9 +9,9 @@ from tests.ops_helpers import light_curate_config, small_jsonl
 
 @pytest.mark.slow
 def test_dask_local_cluster_matches_threads(prefect_server, shared_data, tmp_path):
-    from flows.cli import run_curate
-    from flows.config import load_config
-    from flows.curate import CurateConfig
+    from quipu.flows.curate_cli import run_curate
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig
 
     inp = tmp_path / "in"
     small_jsonl(shared_data, inp / "en.jsonl", "en_nltk_abc_news.jsonl", 40)

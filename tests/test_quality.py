@@ -10,10 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.files import read_json, sha256_file
-from flows.config import load_config, read_yaml
-from tasks.quality import (Cutoff, Normalization, QualityConfig, QualityFilter, QualityModelError, compute_cutoffs,
-                           load_quality_model, normalize_text, resolve_model)
+from quipu.catalog.files import read_json, sha256_file
+from quipu.flows.config import load_config, read_yaml
+from quipu.tasks.quality import QualityConfig, QualityFilter
+from quipu.tasks.score_filter import Cutoff, compute_cutoffs
+from quipu.trainer.models import QUALITY_KIND, ModelNotFound, resolve_model as resolve
+from quipu.trainer.quality_model import Normalization, QualityModelError, load_quality_model, normalize_text
+
+
+def resolve_model(ref):
+    return resolve(QUALITY_KIND, ref, "quality.model", (".bin", ".ftz"))
 
 ROOT = Path(__file__).resolve().parents[1]
 # Light hyper-parameters so the tests stay fast; the shipped config uses larger ones.
@@ -23,7 +29,7 @@ FAST = ["fasttext.dim=32", "fasttext.epoch=5", "fasttext.bucket=50000", "fasttex
 
 def shared_config(shared_data: Path, out: Path, extra: list[str] = ()):
     """configs/quality/shared-text.yaml with its ../shared/data paths pointed at the fixture's folder."""
-    from flows.quality_train import QualityTrainConfig
+    from quipu.trainer.quality_train import QualityTrainConfig
     raw = read_yaml(ROOT / "configs/quality/shared-text.yaml")
     for side in ("positive", "negative"):
         for src in raw[side]:
@@ -35,7 +41,7 @@ def shared_config(shared_data: Path, out: Path, extra: list[str] = ()):
 @pytest.fixture(scope="module")
 def shared_model(shared_data, prefect_server, tmp_path_factory):
     """One classifier trained by the flow on the shared text, for the tests below."""
-    from flows.quality_train import quality_train
+    from quipu.flows.quality_train import quality_train
     out = tmp_path_factory.mktemp("quality-model")
     summary = quality_train(shared_config(shared_data, out))
     return {"summary": summary, "dir": out, "path": summary["model"]}
@@ -51,7 +57,7 @@ def test_normalization_is_one_line_of_tokens():
 
 
 def test_roc_auc_matches_pairwise_definition():
-    from flows.quality_train import roc_auc
+    from quipu.trainer.quality_train import roc_auc
     rng = random.Random(3)
     labels = [rng.random() < 0.4 for _ in range(300)]
     scores = [round(rng.random(), 1) for _ in range(300)]     # many ties
@@ -75,8 +81,8 @@ def test_cutoffs_keep_exactly_the_top_fraction_with_ties():
 
 
 def test_bad_config_names_the_key():
-    from flows.config import ConfigError
-    from flows.curate import CurateConfig
+    from quipu.flows.config import ConfigError
+    from quipu.flows.curate import CurateConfig
     with pytest.raises(ConfigError, match="quality.keep"):
         load_config(CurateConfig, data={"quality": {"keep": "best"}})
     with pytest.raises(ConfigError, match="quality.top_fraction"):
@@ -100,7 +106,7 @@ def test_missing_or_corrupt_model_names_the_path(tmp_path):
     header_only.write_bytes((793712314).to_bytes(4, "little") + (12).to_bytes(4, "little") + b"\0" * 16)
     with pytest.raises(QualityModelError, match=str(header_only)):
         load_quality_model(str(header_only))
-    with pytest.raises(QualityModelError, match="no-such-model"):
+    with pytest.raises(ModelNotFound, match="no-such-model"):
         resolve_model("no-such-model")
 
 
@@ -129,7 +135,7 @@ def test_shared_text_classifier_reaches_auc(shared_model):
         assert ev["per_language"][lang]["n"] >= 200
     assert sum(ev["histogram"]["hq"]) + sum(ev["histogram"]["lq"]) == ev["n"]
     assert ev["model_sha256"] == sha256_file(shared_model["path"])
-    from catalog import registry
+    from quipu.catalog import registry
     row = registry.get_model(None, "quality-fasttext")
     assert row["path"] == shared_model["path"] and row["fingerprint"] == ev["training_data_fingerprint"]
     assert json.loads(row["metrics"])["roc_auc"] == ev["roc_auc"]
@@ -138,23 +144,23 @@ def test_shared_text_classifier_reaches_auc(shared_model):
 
 @pytest.mark.slow
 def test_training_and_scoring_are_deterministic(shared_data, tmp_path):
-    from flows.quality_train import prepare_data, train_fasttext
+    from quipu.trainer.quality_train import prepare_data, train_model
     shas, scores, prints = [], [], []
     docs = [json.loads(line)["text"] for line in (shared_data / "text/en_ud_ewt_web.jsonl").open()][:200]
     small = [f"positive=[{shared_data}/text/en_nltk_abc_news.jsonl]", f"negative=[{shared_data}/text/en_nltk_webtext.jsonl]",
              "max_per_class=150"]
     for run in ("a", "b"):
         cfg = shared_config(shared_data, tmp_path / run, small + ["seed=7"])
-        data = prepare_data.fn(cfg, str(tmp_path / run))
+        data = prepare_data(cfg, str(tmp_path / run))
         (tmp_path / run / "model.json").write_text(json.dumps({"normalization": cfg.normalization.model_dump()}))
-        path = train_fasttext.fn(data["train"], cfg.fasttext, cfg.seed, str(tmp_path / run / "model.bin"))
+        path = train_model(data["train"], cfg.fasttext, cfg.seed, str(tmp_path / run / "model.bin"))
         prints.append(data["fingerprint"])
         shas.append(sha256_file(path))
         scores.append(load_quality_model(path).score(docs))
     assert prints[0] == prints[1]
     assert shas[0] == shas[1]
     assert scores[0] == scores[1]
-    other = prepare_data.fn(shared_config(shared_data, tmp_path / "c", small + ["seed=8"]), str(tmp_path / "c"))
+    other = prepare_data(shared_config(shared_data, tmp_path / "c", small + ["seed=8"]), str(tmp_path / "c"))
     assert other["fingerprint"] != prints[0]   # the seed matters
 
 
@@ -180,8 +186,10 @@ def test_quality_filter_top_fraction_is_exact_across_shards(shared_data, shared_
     for lang, s, i in zip(table.column("lang").to_pylist(), model.score(table.column("text").to_pylist()),
                           table.column("id").to_pylist()):
         scored.setdefault(lang, []).append((s, i))
-    stage = QualityFilter(cfg, model, compute_cutoffs(scored, cfg))
-    outs = [stage.process(table.slice(0, 57)), stage.process(table.slice(57))]   # two "shards"
+    stage = QualityFilter(cfg)
+    stage.model = model
+    cutoffs = compute_cutoffs(scored, cfg)
+    outs = [stage.process(table.slice(0, 57), cutoffs), stage.process(table.slice(57), cutoffs)]   # two "shards"
     kept = pa.concat_tables([o.kept for o in outs])
     assert kept.num_rows + sum(o.removed.num_rows for o in outs) == table.num_rows
     assert kept.column("lang").to_pylist().count("en") == 20 and kept.column("lang").to_pylist().count("es") == 15
@@ -191,7 +199,7 @@ def test_quality_filter_top_fraction_is_exact_across_shards(shared_data, shared_
 
 @pytest.mark.slow
 def test_curate_with_quality_stage(shared_data, shared_model, tmp_path, prefect_server):
-    from flows.curate import CurateConfig, curate
+    from quipu.flows.curate import CurateConfig, curate
     src = _stage_input(shared_data, tmp_path / "in.jsonl")
     cfg = load_config(CurateConfig, ROOT / "configs/curate/demo.yaml",
                       [f"input=[{src}]", f"output={tmp_path / 'run'}", "heuristics.enabled=false",
@@ -223,7 +231,7 @@ def test_curate_with_quality_stage(shared_data, shared_model, tmp_path, prefect_
 
 @pytest.mark.slow
 def test_curate_top_fraction_per_language(shared_data, shared_model, tmp_path, prefect_server):
-    from flows.curate import CurateConfig, curate
+    from quipu.flows.curate import CurateConfig, curate
     src = _stage_input(shared_data, tmp_path / "in.jsonl")
     cfg = load_config(CurateConfig, ROOT / "configs/curate/demo.yaml",
                       [f"input=[{src}]", f"output={tmp_path / 'run'}", "heuristics.enabled=false",
@@ -242,7 +250,7 @@ def test_curate_top_fraction_per_language(shared_data, shared_model, tmp_path, p
 
 
 def test_cli_train_source_errors_name_the_source(tmp_path, capsys):
-    from flows.cli import main
+    from quipu.flows.cli import main
     cfg = tmp_path / "q.yaml"
     cfg.write_text(f"positive: [{tmp_path}/nothing-*.jsonl]\nnegative: [{tmp_path}/also-nothing.jsonl]\n")
     assert main(["quality", "train", str(cfg)]) == 2

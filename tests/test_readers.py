@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.extract import ExtractConfig, extract_file
-from tasks.readers import ReadStats, expand_inputs, read
+from quipu.tasks.extract import ExtractConfig, extract_file
+from quipu.tasks.readers import ReadStats, expand_inputs, read
 
 from tests.conftest import run_quipu
 
@@ -148,7 +148,7 @@ def test_shared_bad_files_end_in_quarantine_or_removed(shared_data, tmp_path):
     files = expand_inputs([str(shared_data / "web" / "bad" / "*")])
     assert {Path(f).name for f in files} == set(SHARED_BAD), "../shared/data/web/bad changed: update SHARED_BAD"
     for f in files:
-        result = extract_file(f, tmp_path, ExtractConfig())
+        result = extract_file(f, tmp_path, ExtractConfig()).model_dump()
         _check_file(result, SHARED_BAD[Path(f).name], tmp_path)
 
 
@@ -156,7 +156,7 @@ def test_generated_bad_inputs(tmp_path, shared_data):
     inputs = tmp_path / "in"
     expect = make_bad_inputs(inputs, shared_data, big_mb=8)
     for f in expand_inputs([str(inputs / "*")]):
-        result = extract_file(f, tmp_path / "out", ExtractConfig())
+        result = extract_file(f, tmp_path / "out", ExtractConfig()).model_dump()
         _check_file(result, expect[Path(f).name], tmp_path / "out")
 
 
@@ -168,16 +168,16 @@ def test_jsonl_fields_zstd_and_parquet_metadata(tmp_path):
     pq.write_table(pa.table({"id": [10, 11], "url": ["https://p/1", None], "text": [GOOD_TEXT, GOOD_TEXT + "!"],
                              "score": [0.5, 0.7]}), tmp_path / "in" / "b.parquet")
     out = tmp_path / "out"
-    r = extract_file(str(tmp_path / "in" / "a.jsonl.zst"), out, ExtractConfig())
+    r = extract_file(str(tmp_path / "in" / "a.jsonl.zst"), out, ExtractConfig()).model_dump()
     rows = pq.read_table(r["kept_shards"][0]["path"]).to_pylist()
     assert [x["id"] for x in rows][0] == "doc-1"
     assert rows[0]["url"] == "https://a.example/1" and rows[0]["date"] == "2024-01-02"
     assert json.loads(rows[0]["metadata"]) == {"tag": "x"}
     assert len(rows[1]["id"]) == 20  # derived stable id
-    r2 = extract_file(str(tmp_path / "in" / "a.jsonl.zst"), tmp_path / "out2", ExtractConfig())
+    r2 = extract_file(str(tmp_path / "in" / "a.jsonl.zst"), tmp_path / "out2", ExtractConfig()).model_dump()
     assert pq.read_table(r2["kept_shards"][0]["path"]).column("id").to_pylist()[1] == rows[1]["id"]
 
-    r = extract_file(str(tmp_path / "in" / "b.parquet"), out, ExtractConfig())
+    r = extract_file(str(tmp_path / "in" / "b.parquet"), out, ExtractConfig()).model_dump()
     rows = pq.read_table(r["kept_shards"][0]["path"]).to_pylist()
     assert [x["id"] for x in rows] == ["10", "11"]
     assert [x["url"] for x in rows] == ["https://p/1", None]
@@ -192,11 +192,11 @@ def test_fsspec_urls(tmp_path):
     assert files == ["memory:///quipu-test/docs/a.jsonl", "memory:///quipu-test/docs/b.jsonl.gz"]
     ids = []
     for f in files:
-        r = extract_file(f, tmp_path, ExtractConfig())
+        r = extract_file(f, tmp_path, ExtractConfig()).model_dump()
         ids += pq.read_table(r["kept_shards"][0]["path"]).column("id").to_pylist()
     assert ids == ["doc-1", "doc-2", "doc-3"]
     # a rerun recognises unchanged remote inputs
-    assert extract_file(files[0], tmp_path, ExtractConfig())["skipped"]
+    assert extract_file(files[0], tmp_path, ExtractConfig()).model_dump()["skipped"]
 
     local = tmp_path / "local.jsonl"
     local.write_bytes(doc(9, GOOD_TEXT))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from catalog.names import InvalidName, check_name, name_from
+from quipu.catalog.names import InvalidName, check_name, name_from
 from tests.conftest import ROOT
 
 
@@ -32,7 +32,7 @@ def _malicious_checkpoint(run_dir: Path, marker: Path) -> Path:
 
 
 def test_crafted_checkpoint_is_refused_and_never_runs(tmp_path):
-    from trainer.checkpoint import UnsafeCheckpoint, load_checkpoint
+    from quipu.trainer.checkpoint import UnsafeCheckpoint, load_checkpoint
     marker = tmp_path / "pwned"
     path = _malicious_checkpoint(tmp_path / "run", marker)
     with pytest.raises(UnsafeCheckpoint, match="refusing to load .*step-0000100.pt"):
@@ -43,7 +43,7 @@ def test_crafted_checkpoint_is_refused_and_never_runs(tmp_path):
 def test_quipu_export_refuses_a_crafted_checkpoint_in_one_line(tmp_path):
     marker = tmp_path / "pwned"
     _malicious_checkpoint(tmp_path / "run", marker)
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "export", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")],
+    p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "export", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PREFECT_API_URL": ""})
     assert p.returncode == 2, p.stderr[-2000:]
     assert "Traceback" not in p.stderr and p.stderr.strip().startswith("quipu: refusing to load")
@@ -57,7 +57,7 @@ def test_own_checkpoints_round_trip_with_rng_state(tmp_path):
 
     import numpy as np
 
-    from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+    from quipu.trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     random.gauss(0, 1), np.random.standard_normal()          # cached gaussians are state too
     path = save_checkpoint(tmp_path, 7, {"model": {"w": torch.ones(2)}, "trainer": {"lr_scale": 1.0}}, keep_last=2)
@@ -84,23 +84,22 @@ def test_safe_names_and_names_made_from_folders():
 @pytest.mark.parametrize("key,value", [("dataset", ".."), ("dataset", "a/b"), ("dedup.index", ".."),
                                        ("dedup.index", "/abs"), ("dataset", "")])
 def test_config_names_are_refused_naming_the_key(key, value):
-    from flows.config import ConfigError, load_config
-    from flows.curate import CurateConfig
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
     with pytest.raises(ConfigError) as e:
         load_config(CurateConfig, str(ROOT / "configs/curate/demo.yaml"), [f"{key}={value!r}" if value else f"{key}=''"])
     assert key in str(e.value) and "safe name" in str(e.value)
 
 
 def test_dedup_index_never_lands_in_quipu_home_itself(tmp_path, monkeypatch):
-    from tasks.dedup import DedupConfig, index_location
+    from quipu.tasks.dedup import DedupConfig, index_location
+    from quipu.tasks.stage import RunContext
     monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "home"))
     cfg = DedupConfig()
-    cfg._default_index = ".."            # what `--set dataset=..` did before the check
-    with pytest.raises(InvalidName):
-        index_location(cfg, tmp_path / "run")
-    cfg._default_index = None
+    with pytest.raises(InvalidName):     # what `--set dataset=..` did before the check
+        index_location(cfg, RunContext(str(tmp_path / "run"), dataset=".."))
     for run in (tmp_path / "..", tmp_path / ".hidden", tmp_path / "my run"):
-        loc = index_location(cfg, run)
+        loc = index_location(cfg, RunContext(str(run.resolve())))
         assert loc.parent == tmp_path / "home" / "dedup" and not loc.name.startswith(".")
 
 
@@ -110,7 +109,7 @@ def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
         pytest.skip("redis-server not installed (apt-get install redis-server; .ci/run does)")
     import redis
 
-    from tasks.dedup_index import ConcurrentCommit, commit_lock
+    from quipu.tasks.dedup_index import ConcurrentCommit, commit_lock
     from tests.ops_helpers import Redis
     server = Redis(tmp_path)
     try:
@@ -135,15 +134,21 @@ def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
 
 def test_domain_errors_map_to_one_line_exit_codes(capsys, monkeypatch):
     """Errors the detecting code already worded reach the user as one `quipu: ...` line."""
-    import flows.cli as cli
-    from catalog.ownership import OutputInUse
-    from tasks.dedup_index import ConcurrentCommit
+    import quipu.flows.cli as cli
+    from quipu.flows import curate_cli
+    from quipu.catalog.ownership import OutputInUse
+    from quipu.tasks.dedup_index import ConcurrentCommit
     for exc, code in ((ConcurrentCommit("the dedup index /x changed while this run was planning: rerun"), 1),
                       (OutputInUse("/out is in use by another run (pid 1 on h since t)"), 2)):
         def boom(args, exc=exc):
             raise exc
-        monkeypatch.setattr(cli, "cmd_report", boom)
+        monkeypatch.setattr(curate_cli, "cmd_report", boom)
         assert cli.main(["report", "/nowhere"]) == code
         err = capsys.readouterr().err
         assert err.strip() == f"quipu: {exc}" and "Traceback" not in err
-    assert cli.domain_exit_code(KeyError("bug")) is None
+
+    def bug(args):
+        raise KeyError("bug")
+    monkeypatch.setattr(curate_cli, "cmd_report", bug)
+    with pytest.raises(KeyError):     # a bug is not a user error: it keeps its traceback
+        cli.main(["report", "/nowhere"])

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from catalog import registry
-from catalog.files import sha256_file
-from flows.config import ConfigError, load_config
-from trainer.data import BlendError, Batcher, resolve_phase_starts
-from trainer.model import Llama, ModelConfig
-from trainer.prepare import prepare, resolve_sources
-from trainer.train import TrainConfig, plan_data, load_sources, train
+from quipu.catalog import registry
+from quipu.catalog.files import sha256_file
+from quipu.flows.config import ConfigError, load_config
+from quipu.trainer.data import BlendError, Batcher, resolve_phase_starts
+from quipu.trainer.model import Llama, ModelConfig
+from quipu.trainer.prepare import prepare, resolve_sources
+from quipu.trainer.train import TrainConfig, plan_data, load_sources, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,12 +137,12 @@ def test_pack_masks_targets_and_resets_positions():
 def test_tokenizer_and_token_shards(prepared):
     info = json.loads((prepared / "prepared.json").read_text())
     assert set(info["sources"]) == {"tr-en", "tr-es"}
-    from trainer.tokenizer import TextTokenizer
+    from quipu.trainer.tokenizer import TextTokenizer
     tok = TextTokenizer.load(info["tokenizer"])
     assert tok.bos_id is not None and tok.eos_id is not None
     assert set(info["fertility"]) == {"en", "es"} and all(v["tokens_per_word"] > 0 for v in info["fertility"].values())
     assert info["summary"]["tr-en"]["docs"] == 120
-    from trainer.tokenize import TokenShards
+    from quipu.trainer.tokenize import TokenShards
     shards = TokenShards.open(info["sources"]["tr-en"])
     d0 = shards.doc(0)
     assert d0[0] == tok.bos_id and d0[-1] == tok.eos_id
@@ -231,7 +231,7 @@ def losses(run: Path) -> list[float]:
 
 
 def final_weights(run: Path) -> dict:
-    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
     return load_checkpoint(latest_checkpoint(run))["model"]
 
 
@@ -258,7 +258,7 @@ def test_resume_is_exact(prepared, tmp_path):
 
 
 def test_spike_guard_unit():
-    from trainer.train import SpikeConfig, SpikeGuard
+    from quipu.trainer.train import SpikeConfig, SpikeGuard
     g = SpikeGuard(SpikeConfig(factor=4, min_history=3, window=10, max_consecutive=2))
     assert [g.check(x) for x in (1.0, 1.2, 0.9)] == [None, None, None]
     assert g.check(float("nan")) == "non-finite grad norm"
@@ -267,7 +267,7 @@ def test_spike_guard_unit():
 
 
 def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
-    from trainer.train import Trainer
+    from quipu.trainer.train import Trainer
     run = new_run(prepared, tmp_path, "spiky")
     cfg = load_config(TrainConfig, data=base_config(run, **{"spike": {"max_consecutive": 2}}))
 
@@ -293,7 +293,7 @@ def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
 def test_export_matches_transformers(prepared, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.export import export_hf
+    from quipu.trainer.export import export_hf
     run = new_run(prepared, tmp_path, "exp")
     cfg = load_config(TrainConfig, data=base_config(run, **{"train.max_steps": 4}))
     train(cfg, run)
@@ -301,7 +301,7 @@ def test_export_matches_transformers(prepared, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(out)
     ck = final_weights(run)
-    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
     ours = Llama(ModelConfig.model_validate(load_checkpoint(latest_checkpoint(run))["model_config"]))
     ours.load_state_dict(ck)
     ours.eval()
@@ -324,7 +324,7 @@ def test_torchrun_two_processes_match_one(prepared, tmp_path):
         run = new_run(prepared, tmp_path, f"{strategy}{n}")
         cfg_path.write_text(json.dumps(base_config(run, **over, **{"distributed.strategy": strategy})))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-               "--master_port", str(29500 + 10 * i + os.getpid() % 1000), "-m", "flows.train_dist", str(cfg_path)]
+               "--master_port", str(29500 + 10 * i + os.getpid() % 1000), "-m", "quipu.flows.train_dist", str(cfg_path)]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 0, r.stderr[-3000:]
@@ -338,7 +338,7 @@ def test_torchrun_two_processes_match_one(prepared, tmp_path):
 # ---- command line ------------------------------------------------------------------------------------
 
 def test_cli_blend_errors_fail_before_training(prepared, tmp_path, capsys):
-    from flows.cli import main
+    from quipu.flows.cli import main
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps(base_config(tmp_path / "run", **{"data.phases": [{"sources": [{"dataset": "nowhere", "weight": 1.0}]}]})))
     assert main(["train", str(cfg)]) == 2
@@ -353,11 +353,11 @@ def test_cli_blend_errors_fail_before_training(prepared, tmp_path, capsys):
 
 
 def test_plan_command():
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "256",
+    r = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "256",
                         "--peak-flops", "1.979e15", "--mfu", "0.5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "8.400e+23 FLOPs" in r.stdout and "38.38 days" in r.stdout
-    from trainer.plan import chinchilla_optimal
+    from quipu.trainer.plan import chinchilla_optimal
     n, d = chinchilla_optimal(6 * 70e9 * 1.4e12)
     assert n == pytest.approx(70e9) and d == pytest.approx(1.4e12)
 
@@ -365,7 +365,7 @@ def test_plan_command():
 @pytest.mark.slow
 def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server, capsys):
     """`quipu train` (the tokenize-train flow, in-process against the session's server) and `quipu export`."""
-    from flows.cli import main
+    from quipu.flows.cli import main
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(base_config(tmp_path / "unused")))
     out = tmp_path / "cli-run"

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from catalog.files import atomic_path
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import atomic_path
 
 NAME = re.compile(r"^step-(\d{7,})\.pt$")
 
@@ -44,7 +45,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return cks[-1] if cks else None
 
 
-class UnsafeCheckpoint(Exception):
+class UnsafeCheckpoint(UserError):
     """A checkpoint file holding more than tensors and plain data: never unpickled."""
 
 

@@ -22,12 +22,13 @@ from typing import Callable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.tokenize import TokenShards
+from quipu.catalog.errors import UserError
+from quipu.trainer.tokenize import TokenShards
 
 WEIGHT_TOLERANCE = 1e-6
 
 
-class BlendError(ValueError):
+class BlendError(UserError, ValueError):
     """A blend or phase that cannot be trained; the message names the config key."""
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from catalog.files import TMP_PREFIX, write_json_atomic
-from trainer.checkpoint import latest_checkpoint, load_checkpoint
-from trainer.model import ModelConfig
-from trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
+from quipu.catalog.files import TMP_PREFIX, write_json_atomic
+from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from quipu.trainer.model import ModelConfig
+from quipu.trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
 
 
 def hf_config(m: ModelConfig, tok: TextTokenizer | None):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from catalog import registry
-from catalog.files import write_json_atomic
-from trainer.data import BlendError, DataConfig
-from trainer.tokenize import register_tokens, summarize, tokenize_shards
-from trainer.tokenizer import TextTokenizer, TokenizerConfig, fertility, prepare_tokenizer
+from quipu.catalog import registry
+from quipu.catalog.files import write_json_atomic
+from quipu.trainer.data import BlendError, DataConfig
+from quipu.trainer.tokenize import register_tokens, summarize, tokenize_shards
+from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig, fertility, prepare_tokenizer
 
 
 def resolve_sources(data: DataConfig) -> dict[str, list[str]]:

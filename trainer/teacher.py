@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from quipu.catalog.errors import UserError
+
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LABEL_NAMESPACE = "ppl_teacher_labels"
 
 
-class TeacherError(ValueError):
+class TeacherError(UserError, ValueError):
     """A teacher that cannot be loaded; the message names the path and is meant for the user."""
 
 
@@ -187,7 +189,7 @@ class LabelCache:
         self.flush_every = flush_every
 
     def get(self, texts: Sequence[str]) -> dict[str, float]:
-        from catalog.registry import kv_get_many
+        from quipu.catalog.registry import kv_get_many
         keys = [self.teacher.cache_key(t) for t in texts]
         return kv_get_many(self.namespace, sorted(set(keys)))
 
@@ -195,7 +197,7 @@ class LabelCache:
               tokens: bool = False) -> tuple[list[float], dict] | tuple[list[float], dict, list[list[float]]]:
         """Log-perplexities for `texts` (cached ones looked up, the rest computed and stored); with
         `tokens`, also each text's per-token NLLs."""
-        from catalog.registry import kv_get_many, kv_put_many
+        from quipu.catalog.registry import kv_get_many, kv_put_many
         keys = [self.teacher.cache_key(t) for t in texts]
         cached = self.get(texts)
         token_cached = kv_get_many(self.token_namespace, sorted(set(keys))) if tokens else {}

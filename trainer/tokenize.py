@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from catalog.files import atomic_path, sha256_file, sha256_json, write_json_atomic
-from trainer.tokenizer import TextTokenizer
+from quipu.catalog.files import atomic_path, sha256_file, sha256_json, write_json_atomic
+from quipu.trainer.tokenizer import TextTokenizer
 
 # a change to this file invalidates token shards written by an older version
 CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
@@ -102,7 +102,7 @@ def summarize(markers: list[dict]) -> dict:
 
 
 def register_tokens(name: str, out_dir: str | Path, markers: list[dict], tokenizer_sha: str, run_id: str | None) -> str:
-    from catalog import registry
+    from quipu.catalog import registry
     info = summarize(markers) | {"tokenizer_sha256": tokenizer_sha}
     return registry.register_dataset(
         name, "tokens", str(Path(out_dir).resolve()), run_id,

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from catalog.files import atomic_path, sha256_file, write_json_atomic
+from quipu.catalog.files import atomic_path, sha256_file, write_json_atomic
 
 BOS = "<|bos|>"
 EOS = "<|endoftext|>"
@@ -134,7 +134,7 @@ def smollm2_tokenizer() -> tuple[Tokenizer, str, str]:
 
 def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str | Path) -> TextTokenizer:
     """Build (or reuse, when its fingerprint matches) `out_dir/tokenizer.json` + `tokenizer_meta.json`."""
-    from catalog.files import sha256_json
+    from quipu.catalog.files import sha256_json
     out_dir = Path(out_dir)
     fp = sha256_json({"cfg": cfg.model_dump(mode="json"),
                       "inputs": sorted(shard_paths) if cfg.kind == "bpe" else []})

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from catalog.files import atomic_path, sha256_json, write_json_atomic
-from trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
-from trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts, split_heldout
-from trainer.model import Llama, ModelConfig, pad_vocab
-from trainer.tokenize import TokenShards
-from trainer.tokenizer import TextTokenizer, TokenizerConfig
+from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
+from quipu.trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts, split_heldout
+from quipu.trainer.model import Llama, ModelConfig, pad_vocab
+from quipu.trainer.tokenize import TokenShards
+from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def autocast_dtype(cfg: LoopConfig, device: torch.device) -> torch.dtype | None:
 def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[Llama, ModelConfig]:
     mcfg = cfg.model
     if mcfg.init_from:
-        from trainer.export import load_pretrained
+        from quipu.trainer.export import load_pretrained
         mcfg, state = load_pretrained(mcfg.init_from, mcfg)
         if mcfg.vocab_size < vocab_size:
             raise BlendError(f"model.init_from: its vocabulary ({mcfg.vocab_size}) is smaller than the tokenizer's ({vocab_size}); "
@@ -328,7 +328,7 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
                  on_log: Callable[[dict], None] | None = None):
-        from trainer.prepare import load_prepared
+        from quipu.trainer.prepare import load_prepared
         self.cfg = cfg
         self.run_dir = Path(run_dir).resolve()
         self.on_log = on_log

@@ -32,19 +32,16 @@ sorted by length (little padding); `quantize=True` applies int8 dynamic quantisa
 from __future__ import annotations
 
 import json
-import math
-import random
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from catalog.files import atomic_path, sha256_file, write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import atomic_path, sha256_file, write_json_atomic
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -53,7 +50,7 @@ FORMAT = "quipu-wayra-v1"
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 
-class StudentError(ValueError):
+class StudentError(UserError, ValueError):
     """A student model directory that cannot be used; the message names the path."""
 
 
@@ -399,237 +396,3 @@ class WayraStudent:
                       bos_id=cfg.get("bos_id"), pad_id=cfg.get("pad_id"))
         student.path = d
         return student.quantize() if quantize else student.for_inference()
-
-
-# ---- distillation -----------------------------------------------------------------------------
-
-@dataclass
-class DistillSettings:
-    epochs: int = 30
-    batch_size: int = 16
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-    lm_weight: float = 0.3                 # auxiliary next-token loss, relative to the regression loss
-    pretrain_epochs: int = 1               # LM-only passes over all (also unlabelled) text first
-    val_fraction: float = 0.1
-    patience: int = 4                      # epochs without a better validation Spearman
-    max_seconds: float | None = None       # training time budget (stops between epochs)
-    seed: int = 0
-    threads: int | None = None
-    freeze_embeddings: bool = False        # keep teacher-initialised embeddings fixed (few labels: less overfitting)
-    doc_weight: float = 1.0                # head: token — weight of the document-mean loss next to the per-token one
-    body_lr: float | None = None           # body: teacher — peak learning rate of the teacher's layers (None: lr)
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    import numpy as np
-    from scipy.stats import spearmanr  # scipy comes with the stack (datatrove/sklearn); exact tie handling
-    if len(a) < 3:
-        return float("nan")
-    return float(spearmanr(np.asarray(a), np.asarray(b)).statistic)
-
-
-def pearson(a: Sequence[float], b: Sequence[float]) -> float:
-    import numpy as np
-    if len(a) < 3:
-        return float("nan")
-    return float(np.corrcoef(np.asarray(a, dtype=float), np.asarray(b, dtype=float))[0, 1])
-
-
-def _batches(items: list[int], size: int, rng: random.Random, lengths: list[int]) -> list[list[int]]:
-    """Shuffled batches of similar length (bucket by length within a shuffled pool of 50 batches)."""
-    idx = items[:]
-    rng.shuffle(idx)
-    pool = size * 50
-    out = []
-    for p in range(0, len(idx), pool):
-        chunk = sorted(idx[p:p + pool], key=lambda i: lengths[i])
-        out += [chunk[s:s + size] for s in range(0, len(chunk), size)]
-    rng.shuffle(out)
-    return out
-
-
-def _align_token_targets(seqs: list[list[int]], token_targets: list[Sequence[float]]
-                         ) -> tuple[list[list[int]], list[Sequence[float]]]:
-    """Cut each student sequence and its teacher token NLLs to a common length: target i belongs to
-    the token at position i + 1 (after BOS). They differ only where the student's character-prefix
-    encoding ends a piece early; a document without targets keeps BOS + its first token."""
-    out_seqs, out_targets = [], []
-    for seq, tgt in zip(seqs, token_targets):
-        n = max(1, min(len(seq) - 1, len(tgt)))
-        out_seqs.append(seq[:n + 1])
-        out_targets.append(list(tgt[:n]) or [0.0])
-    return out_seqs, out_targets
-
-
-def pad_token_targets(targets: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch x width) targets at positions 1..n (position 0 is BOS), and their mask."""
-    z = torch.zeros((len(targets), width))
-    m = torch.zeros((len(targets), width))
-    for r, t in enumerate(targets):
-        z[r, 1:1 + len(t)] = t
-        m[r, 1:1 + len(t)] = 1
-    return z, m
-
-
-def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, settings: DistillSettings,
-            unlabelled: Sequence[str] = (), log: Callable[[str], None] = print,
-            teacher_model=None, token_labels: Sequence[Sequence[float]] | None = None) -> tuple[WayraStudent, dict]:
-    """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics.
-
-    `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`;
-    `token_labels` (each text's per-token teacher NLLs) with `arch.head == "token"`."""
-    import numpy as np
-    if arch.body == "teacher":
-        if teacher_model is None:
-            raise StudentError("student.body: teacher needs the teacher model")
-        if settings.lm_weight > 0:
-            raise StudentError("student.body: teacher has no next-token output: set train.lm_weight: 0")
-        tcfg = teacher_model.model.config
-        if arch.teacher_layers > tcfg.num_hidden_layers:
-            raise StudentError(f"student.teacher_layers {arch.teacher_layers}: the teacher has only "
-                               f"{tcfg.num_hidden_layers} layers")
-        arch = arch.model_copy(update={"teacher_config": json.loads(tcfg.to_json_string(use_diff=False))})
-    if arch.head == "token":
-        if token_labels is None or len(token_labels) != len(texts):
-            raise StudentError("student.head: token needs the teacher's per-token NLLs for every labelled document")
-        if teacher_model is not None and arch.max_len != teacher_model.settings.max_tokens + 1:
-            raise StudentError(f"student.max_len {arch.max_len}: with head: token it must be the teacher's "
-                               f"max_tokens + 1 = {teacher_model.settings.max_tokens + 1} (the student reads what the teacher scored)")
-    else:
-        token_labels = [()] * len(texts)
-    pairs = [(t, float(y), tl) for t, y, tl in zip(texts, labels, token_labels)
-             if y is not None and not math.isnan(float(y))]
-    if len(pairs) < 10:
-        raise StudentError(f"distillation needs at least 10 labelled documents, got {len(pairs)}")
-    torch.manual_seed(settings.seed)
-    rng = random.Random(settings.seed)
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    order = list(range(len(pairs)))
-    rng.shuffle(order)
-    n_val = max(3, int(len(pairs) * settings.val_fraction))
-    val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
-
-    t0 = time.perf_counter()
-    init = None
-    if arch.tokenizer == "teacher":
-        if teacher_model is None:
-            raise StudentError("student.tokenizer: teacher needs the teacher model")
-        tokenizer, bos_id, pad_id = teacher_tokenizer(teacher_model.tokenizer)
-        init = teacher_model.model.get_input_embeddings().weight
-    else:
-        tokenizer = train_tokenizer([pairs[i][0] for i in train_idx] + list(unlabelled), arch.vocab_size)
-        bos_id, pad_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(PAD)
-    arch = arch.model_copy(update={"vocab_size": max(tokenizer.get_vocab_size(), init.shape[0] if init is not None else 0)})
-    seqs = encode(tokenizer, [p[0] for p in pairs], arch.max_len, bos_id)
-    y = np.array([p[1] for p in pairs], dtype=np.float64)
-    if arch.head == "token":
-        # standardise by the token NLL distribution: the document value is a mean of token values,
-        # so one affine scale serves both (prediction * std + mean is nats either way)
-        seqs, token_targets = _align_token_targets(seqs, [p[2] for p in pairs])
-        flat = np.concatenate([np.asarray(token_targets[i], dtype=np.float64) for i in train_idx])
-        mean, std = float(flat.mean()), float(flat.std() or 1.0)
-        token_z = [torch.tensor((np.asarray(t, dtype=np.float64) - mean) / std, dtype=torch.float32) for t in token_targets]
-        target = torch.stack([z.mean() for z in token_z])
-        doc_var = float(target[train_idx].var().clamp(min=1e-6))
-    else:
-        mean, std = float(y[train_idx].mean()), float(y[train_idx].std() or 1.0)
-        target = torch.tensor((y - mean) / std, dtype=torch.float32)
-    lengths = [len(s) for s in seqs]
-    model = WayraModel(arch)
-    if arch.body == "teacher":
-        load_teacher_layers(model.body, teacher_model.model, arch.teacher_layers)
-        # frozen: most of the student's parameters, rows of tokens the labelled text never shows would
-        # not move anyway, and their Adam state would cost twice their size
-        model.body.get_input_embeddings().weight.requires_grad_(False)
-        groups = [{"params": [p for p in model.body.parameters() if p.requires_grad],
-                   "lr": settings.body_lr or settings.lr},
-                  {"params": list(model.head.parameters()), "lr": settings.lr}]
-    else:
-        if init is not None:
-            with torch.no_grad():
-                model.tok.weight.copy_(pca_embeddings(init, arch.d_model, settings.seed))
-        if settings.freeze_embeddings:
-            model.tok.weight.requires_grad_(False)
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.lr}]
-    student = WayraStudent(model, tokenizer, mean, std, bos_id=bos_id, pad_id=pad_id)
-    opt = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
-    lm_seqs = seqs + encode(tokenizer, list(unlabelled), arch.max_len, bos_id) if unlabelled else seqs
-    lm_items = train_idx + list(range(len(seqs), len(lm_seqs)))
-    lm_lengths = [len(s) for s in lm_seqs]
-    steps_per_epoch = math.ceil(len(train_idx) / settings.batch_size)
-    pretrain_epochs = settings.pretrain_epochs if settings.lm_weight > 0 else 0
-    pre_steps = pretrain_epochs * math.ceil(len(lm_items) / settings.batch_size)
-    total = pre_steps + settings.epochs * steps_per_epoch
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=0.1)
-    trainable = sum(p.numel() for g in groups for p in g["params"])
-    log(f"student: {student.n_params() / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained), vocab {arch.vocab_size}, "
-        f"{len(train_idx)} train / {len(val_idx)} validation documents, {len(lm_items)} LM documents")
-
-    for ep in range(pretrain_epochs):
-        model.train()
-        tot = cnt = 0.0
-        for b in _batches(lm_items, settings.batch_size, rng, lm_lengths):
-            ids, mask = pad_batch([lm_seqs[i] for i in b], pad_id)
-            with model.precision():
-                _, lm_sum, lm_n, _ = model(ids, mask, lm=True)
-            loss = lm_sum / lm_n.clamp(min=1)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            tot += lm_sum.item(); cnt += lm_n.item()
-        log(f"pretrain epoch {ep + 1}: LM loss {tot / max(cnt, 1):.3f}")
-
-    best = {"spearman": -2.0, "epoch": 0, "state": None}
-    history = []
-    val_texts, val_y = [pairs[i][0] for i in val_idx], [pairs[i][1] for i in val_idx]
-    for ep in range(settings.epochs):
-        model.train()
-        reg_tot = lm_tot = lm_cnt = 0.0
-        for b in _batches(train_idx, settings.batch_size, rng, lengths):
-            ids, mask = pad_batch([seqs[i] for i in b], pad_id)
-            with model.precision():
-                pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
-            reg = F.mse_loss(pred, target[b])
-            if per_token is not None:
-                tz, tmask = pad_token_targets([token_z[i] for i in b], ids.shape[1])
-                token_mse = ((per_token - tz) ** 2 * tmask).sum() / tmask.sum().clamp(min=1)
-                reg_doc = reg
-                reg = token_mse + settings.doc_weight * reg_doc / doc_var
-            lm = lm_sum / lm_n.clamp(min=1)
-            loss = reg + settings.lm_weight * lm
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            reg_tot += reg.item() * len(b); lm_tot += lm_sum.item(); lm_cnt += lm_n.item()
-        val_pred = student.predict_log_ppl(val_texts)
-        rho = spearman(val_pred, val_y)
-        rmse = float(np.sqrt(np.mean((np.array(val_pred) - np.array(val_y)) ** 2)))
-        history.append({"epoch": ep + 1, "train_mse": round(reg_tot / len(train_idx), 4),
-                        "lm_loss": round(lm_tot / max(lm_cnt, 1), 4), "val_spearman": round(rho, 4),
-                        "val_rmse": round(rmse, 4)})
-        log(f"epoch {ep + 1}: train mse {reg_tot / len(train_idx):.4f} (standardised), LM {lm_tot / max(lm_cnt, 1):.3f}, "
-            f"validation Spearman {rho:.4f}, RMSE {rmse:.3f} nats")
-        if rho > best["spearman"]:
-            best = {"spearman": rho, "epoch": ep + 1, "rmse": rmse,
-                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
-        elif ep + 1 - best["epoch"] >= settings.patience:
-            log(f"early stop: no better validation Spearman for {settings.patience} epochs")
-            break
-        if settings.max_seconds and time.perf_counter() - t0 > settings.max_seconds:
-            log(f"time budget of {settings.max_seconds:.0f}s reached after epoch {ep + 1}")
-            break
-    model.load_state_dict(best["state"])
-    student.for_inference()             # as it will be loaded: the metrics below are the saved student's
-    val_pred = student.predict_log_ppl(val_texts)
-    metrics = {"val_spearman": round(spearman(val_pred, val_y), 4), "val_pearson": round(pearson(val_pred, val_y), 4),
-               "val_rmse": round(best["rmse"], 4), "best_epoch": best["epoch"], "epochs_run": len(history),
-               "train_docs": len(train_idx), "val_docs": len(val_idx), "lm_docs": len(lm_items),
-               "params": student.n_params(), "trained_params": trainable, "seconds": round(time.perf_counter() - t0, 1), "history": history}
-    return student, metrics

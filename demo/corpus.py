@@ -1,4 +1,4 @@
-"""The embedded demo corpus: real text from installed packages (flows/demo_sources.py), packaged as
+"""The embedded demo corpus: real text from installed packages (demo/sources.py), packaged as
 a small web crawl (WARC) and two text dumps (JSONL), with the junk real inputs bring.
 
 `build_demo_corpus(out_dir)` writes, deterministically (fixed seed, fixed WARC dates and record ids,
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from catalog.files import atomic_path, read_json, sha256_file, write_json_atomic
-from flows import demo_sources as src
-from flows.demo_sources import Article, Block
+from quipu.catalog.files import atomic_path, read_json, sha256_file, write_json_atomic
+from quipu.demo import sources as src
+from quipu.demo.sources import Article, Block
 
 SEED = 20261122
 CORPUS_VERSION = 4                      # bump when the builder changes what it writes

@@ -20,9 +20,9 @@ KENLM_DEMO_CONFIG = REPO / "configs" / "kenlm" / "demo.yaml"
 
 
 def ppl_distill_step(ctx) -> None:
-    from flows.config import load_config
-    from flows.ppl import KenLMTrainConfig, PplConfig, kenlm_train, ppl_distill
-    from tasks.kenlm_lm import KENLM_BIN_DIR, kenlm_available
+    from quipu.flows.config import load_config
+    from quipu.flows.ppl import KenLMTrainConfig, PplConfig, kenlm_train, ppl_distill
+    from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
 
     run = Path(ctx.run_dir).resolve()
     kept = run / "heuristics" / "kept"
@@ -32,7 +32,7 @@ def ppl_distill_step(ctx) -> None:
         inputs = [str(p) for p in ctx.inputs if ".jsonl" in p.name]
         print(f"no first pass in {kept}: distilling on the demo's JSONL inputs")
     if not inputs:
-        from flows.cli import UserError
+        from quipu.catalog.errors import UserError
         raise UserError("ppl-distill: no text documents to distil on (run the build-corpus step first)")
     student_dir = run.parent / f"{run.name}-ppl-student"
     config = load_config(PplConfig, str(PPL_DEMO_CONFIG), [f"output={student_dir}"])
@@ -51,7 +51,7 @@ def ppl_distill_step(ctx) -> None:
     kdir = run.parent / f"{run.name}-kenlm"
     kcfg = load_config(KenLMTrainConfig, str(KENLM_DEMO_CONFIG), [f"output={kdir}"])
     kcfg = KenLMTrainConfig.model_validate({**kcfg.model_dump(), "input": inputs})
-    from flows.cli import UserError
+    from quipu.catalog.errors import UserError
     try:
         ksum = kenlm_train(kcfg)
     except UserError as e:   # e.g. too little text in a language for lmplz: the demo goes on without KenLM

@@ -13,19 +13,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 QUALITY_DEMO_CONFIG = REPO / "configs" / "quality" / "demo.yaml"
+DEMO_CONFIG = REPO / "configs" / "curate" / "demo.yaml"     # the curate config (as demo/run.py)
 
 
 def quality_train_step(ctx) -> None:
-    from flows.config import load_config
-    from flows.curate import STAGES, CurateConfig, curate
-    from flows.demo import DEMO_CONFIG
-    from flows.demo_corpus import built_corpus
-    from flows.quality_train import QualityTrainConfig, quality_train
-    from flows.runners import make_task_runner
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import STAGES, CurateConfig, curate
+    from quipu.demo.corpus import built_corpus
+    from quipu.flows.quality_train import QualityTrainConfig, quality_train
+    from quipu.flows.runners import make_task_runner
 
     inputs = ctx.inputs or built_corpus(ctx.data_dir, ctx.scale) or []
     if not inputs:
-        from flows.cli import UserError
+        from quipu.catalog.errors import UserError
         raise UserError(f"no demo corpus in {ctx.data_dir}: run the build-corpus step first")
     names = [s.name for s in STAGES]
     later = names[names.index("heuristics") + 1:]

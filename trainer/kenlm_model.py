@@ -20,10 +20,13 @@ import shutil
 import subprocess
 import tempfile
 import unicodedata
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from catalog.files import atomic_path, read_json, write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.trainer.models import KENLM_KIND, resolve_model
+from quipu.catalog.files import atomic_path, read_json, write_json_atomic
 
 NORMALIZATION_VERSION = "ccnet-keep-accents-v1"
 KENLM_BIN_DIR = Path(__file__).resolve().parents[1] / "build" / "kenlm" / "bin"
@@ -40,7 +43,7 @@ _DIGIT_RE = re.compile(r"\d")
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
-class KenLMError(ValueError):
+class KenLMError(UserError, ValueError):
     """A KenLM model or binary that cannot be used; the message names the path."""
 
 
@@ -182,3 +185,27 @@ def model_paths(model: str | Path, languages: Sequence[str]) -> dict[str, Path]:
 def copy_model(src: Path, dst: Path) -> None:
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
+
+
+@lru_cache(maxsize=16)
+def load_kenlm(path: str) -> KenLMScorer:
+    """A KenLM binary, loaded once per process (threads share it)."""
+    return KenLMScorer(path)
+
+
+def resolve_kenlm(spec: str | dict[str, str] | None, key: str = "kenlm") -> dict[str, str]:
+    """{lang or '*': binary path} from a config's reference: {lang: path}, a directory (every
+    `<lang>.binary` in it), one binary for all languages, or a catalog name of a `kenlm` model."""
+    if not spec:
+        return {}
+    if isinstance(spec, dict):
+        return {lang: str(Path(p).expanduser()) for lang, p in spec.items()}
+    p = Path(spec).expanduser()
+    if not p.exists():
+        p = Path(resolve_model(KENLM_KIND, spec, key))
+    if p.is_dir():
+        found = {f.stem: str(f) for f in sorted(p.glob("*.binary"))}
+        if not found:
+            raise KenLMError(f"{key}: directory {p} holds no <lang>.binary")
+        return found
+    return {"*": str(p)}

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from flows.quality_demo import quality_train_step   # the quality-train step
-from flows.ppl_demo import ppl_distill_step         # the ppl-distill step
-from flows.train_demo import train_step             # the train step
+from quipu.demo.quality_step import DEMO_CONFIG, quality_train_step   # the quality-train step
+from quipu.demo.ppl_step import ppl_distill_step         # the ppl-distill step
+from quipu.demo.train_step import train_step             # the train step
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = REPO / "configs" / "curate" / "demo.yaml"
 
 
 @dataclass
@@ -48,17 +47,13 @@ class DemoStep:
 # ---- step: build the corpus ------------------------------------------------------------------------
 
 def build_corpus_step(ctx: DemoContext) -> None:
-    from flows.demo_corpus import build_demo_corpus, ensure_demo_corpus
-    from flows.demo_sources import SourceMissing
+    from quipu.demo.corpus import build_demo_corpus, ensure_demo_corpus
 
-    try:
-        if ctx.rebuild:
-            files, built = build_demo_corpus(ctx.data_dir, ctx.scale), True
-        else:
-            files, built = ensure_demo_corpus(ctx.data_dir, ctx.scale)
-    except SourceMissing as e:
-        from flows.cli import UserError
-        raise UserError(str(e)) from None
+    # a package the corpus is built from that is missing raises SourceMissing, a UserError
+    if ctx.rebuild:
+        files, built = build_demo_corpus(ctx.data_dir, ctx.scale), True
+    else:
+        files, built = ensure_demo_corpus(ctx.data_dir, ctx.scale)
     ctx.inputs = files
     manifest = json.loads((ctx.data_dir / "manifest.json").read_text())
     langs = ", ".join(f"{k} {v}" for k, v in manifest["languages"].items())
@@ -70,11 +65,11 @@ def build_corpus_step(ctx: DemoContext) -> None:
 # ---- step: curate ----------------------------------------------------------------------------------
 
 def curate_step(ctx: DemoContext) -> None:
-    from flows.cli import UserError
-    from flows.config import load_config
-    from flows.curate import CurateConfig, curate, preflight
-    from flows.demo_corpus import built_corpus
-    from flows.runners import make_task_runner
+    from quipu.catalog.errors import UserError
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig, curate, preflight
+    from quipu.demo.corpus import built_corpus
+    from quipu.flows.runners import make_task_runner
 
     if not ctx.inputs:
         ctx.inputs = built_corpus(ctx.data_dir, ctx.scale) or []
@@ -162,7 +157,7 @@ def format_planted(outcomes: dict[str, dict[str, int]], labels_path: Path | str 
 
 
 def run_demo(ctx: DemoContext, only: list[str] | None = None) -> int:
-    from flows.reports import format_funnel
+    from quipu.flows.reports import format_funnel
 
     t_all = time.perf_counter()
     timings = []
@@ -190,7 +185,7 @@ def run_demo(ctx: DemoContext, only: list[str] | None = None) -> int:
 # ---- CLI ------------------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
-    from flows.cli import UserError
+    from quipu.catalog.errors import UserError
 
     names = [s.name for s in STEPS]
     only = [s.strip() for s in args.steps.split(",")] if args.steps else None
@@ -204,7 +199,7 @@ def cmd_demo(args) -> int:
     return run_demo(ctx, only)
 
 
-def add_demo_command(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the pipeline on the embedded demo corpus (offline, a few minutes)")
     p.add_argument("--data", default="data/demo", help="where the demo corpus is built (default: data/demo)")
     p.add_argument("--output", default="runs/demo", help="curate run directory (default: runs/demo)")
@@ -216,21 +211,12 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _register() -> None:
-    from flows.cli import EXTRA_COMMANDS
-    if add_demo_command not in EXTRA_COMMANDS:
-        EXTRA_COMMANDS.append(add_demo_command)
-
-
-_register()
-
-
 def _changed(config) -> bool:
     """True when the demo's run folder holds a run of other inputs or config than this one."""
-    from catalog.ownership import IDENTITY_NAME, identity
-    from catalog.files import read_json
-    from flows.curate import NOT_IDENTITY
-    from tasks.readers import expand_inputs
+    from quipu.catalog.ownership import IDENTITY_NAME, identity
+    from quipu.catalog.files import read_json
+    from quipu.flows.curate import NOT_IDENTITY
+    from quipu.tasks.readers import expand_inputs
     ident_path = Path(config.output).resolve() / IDENTITY_NAME
     if not ident_path.exists():
         return Path(config.output).exists()

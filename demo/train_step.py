@@ -10,11 +10,11 @@ TRAIN_DEMO_CONFIG = REPO / "configs" / "train" / "demo.yaml"
 
 
 def train_step(ctx) -> None:
-    from flows.cli import UserError
-    from flows.config import load_config
-    from flows.train import preflight, tokenize_train
-    from trainer.data import BlendError
-    from trainer.train import TrainConfig, TrainingDiverged
+    from quipu.catalog.errors import UserError
+    from quipu.flows.config import load_config
+    from quipu.flows.train import preflight, tokenize_train
+    from quipu.trainer.data import BlendError
+    from quipu.trainer.train import TrainConfig, TrainingDiverged
 
     out = ctx.run_dir.parent / f"{ctx.run_dir.name}-train"
     # the curate step registered its shards as a dataset named after its run directory

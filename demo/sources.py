@@ -26,6 +26,8 @@ from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quipu.catalog.errors import UserError
+
 # Fixed list, so the corpus does not depend on what else happens to be installed; missing ones are
 # skipped (the corpus then differs, and says so in its manifest).
 README_PACKAGES = (
@@ -77,7 +79,7 @@ class Article:
         return sum(len(b.plain().split()) for b in self.blocks)
 
 
-class SourceMissing(RuntimeError):
+class SourceMissing(UserError, RuntimeError):
     """A package the demo text comes from is not installed."""
 
 

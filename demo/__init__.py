@@ -1,0 +1,1 @@
+"""The demo: an embedded corpus built from installed packages, and `quipu demo`'s steps (not flows)."""

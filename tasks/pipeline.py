@@ -1,0 +1,36 @@
+"""The pipeline definition: every stage after extract, in the order documents flow through them.
+
+A stage's config block in the curate config is named as the stage (`Stage.name`) and typed by its
+`Stage.Config`, so adding a stage is adding its class here.
+"""
+from __future__ import annotations
+
+from quipu.tasks.decontam import Decontaminate
+from quipu.tasks.dedup import DedupStage
+from quipu.tasks.heuristics import HeuristicFilters
+from quipu.tasks.langid import LanguageId
+from quipu.tasks.perplexity import PerplexityStage
+from quipu.tasks.quality import QualityFilter
+from quipu.tasks.stage import Stage
+from quipu.tasks.terminal_punct import TerminalPunctFilter
+
+STAGES: list[type[Stage]] = [
+    LanguageId,
+    HeuristicFilters,
+    TerminalPunctFilter,
+    QualityFilter,
+    DedupStage,          # global: signatures, plan, split, commit
+    Decontaminate,
+    PerplexityStage,     # last: scores what is kept
+]
+
+
+def stage_names() -> list[str]:
+    return [s.name for s in STAGES]
+
+
+def stage_class(name: str) -> type[Stage]:
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise KeyError(f"no stage named {name!r} (stages: {', '.join(stage_names())})")

@@ -1,0 +1,41 @@
+"""Where a scoring model is: one resolver for every stage and flow.
+
+A model reference in a config is a path (file or directory), a catalog name or id, or None for the
+newest model of its kind registered in the catalog. Kinds: the quality classifier
+(`quality-fasttext`, quipu.trainer.quality_model), the Wayra student (`wayra`,
+quipu.trainer.wayra), KenLM (`kenlm`, quipu.trainer.kenlm_model).
+"""
+from __future__ import annotations
+
+import os
+
+from quipu.catalog.errors import UserError
+
+QUALITY_KIND = "quality-fasttext"
+STUDENT_KIND = "wayra"
+KENLM_KIND = "kenlm"
+
+HOW_TO_TRAIN = {QUALITY_KIND: "quipu quality train CONFIG", STUDENT_KIND: "quipu ppl distill CONFIG",
+                KENLM_KIND: "quipu kenlm train CONFIG"}
+
+
+class ModelNotFound(UserError, ValueError):
+    """A model reference that names no file and no model of its kind in the catalog."""
+
+
+def looks_like_path(ref: str, suffixes: tuple[str, ...] = ()) -> bool:
+    return os.path.exists(os.path.expanduser(ref)) or os.sep in ref or (bool(suffixes) and ref.endswith(suffixes))
+
+
+def resolve_model(kind: str, ref: str | None, key: str, suffixes: tuple[str, ...] = ()) -> str:
+    """The path of the model `ref` names. `key` is the config key, for the error message."""
+    if ref and looks_like_path(ref, suffixes):
+        return os.path.abspath(os.path.expanduser(ref))
+    from quipu.catalog import registry
+    row = registry.get_model(ref, kind)
+    if row is not None:
+        return row["path"]
+    if ref:
+        raise ModelNotFound(f"{key}: {ref!r} is neither a file nor a `{kind}` model in the catalog")
+    raise ModelNotFound(f"{key}: no `{kind}` model is registered in the catalog; train one with "
+                        f"`{HOW_TO_TRAIN.get(kind, 'quipu')}` or set {key} to a path")
