@@ -449,6 +449,9 @@ def _open_chunks(fh, path: str) -> Iterator[bytes | _Damage]:
     return _plain_chunks(fh)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = None) -> Iterator[RawRecord | Quarantined]:
     lineno = 0
     try:
@@ -471,6 +474,8 @@ def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = 
 def _jsonl_record(path: str, lineno: int, line: _Line) -> RawRecord | Quarantined:
     where = f"line {lineno}"
     raw = line.data
+    if lineno == 1:   # a byte-order mark before the first record (editors on Windows write one)
+        raw = raw.removeprefix(UTF8_BOM)
     if line.size is not None:  # too large to hold: removed unparsed, its id taken from its first bytes
         m = _ID_IN_JSON.search(raw)
         rid = m.group(1).decode("utf-8", "replace") if m else None
@@ -768,6 +773,13 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
             item, damaged = _warc_item(it, record, path, stats, limits, rec_start)
             if item is not None:
                 yield item
+            if damaged == "tail":   # bytes after this (whole) record are no record header
+                nxt = _next_record_start(fh, rec_start, gzipped)
+                resumed = f"; reading resumed at offset {nxt}" if nxt is not None else ""
+                yield Quarantined(path, f"after offset {rec_start}",
+                                  f"unreadable bytes after the record at offset {rec_start} (a line longer than "
+                                  f"{limits.max_header_bytes:,} bytes where the next record header belongs){resumed}")
+                return nxt
             if damaged == "junk" and prev_start is not None:
                 # no record starts here: the record before ran past its end and may hide whole ones
                 nxt = _next_record_start(fh, prev_start, gzipped)
@@ -827,23 +839,24 @@ def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_
                                                      f"{offset}-{offset + it.get_record_length() - 1} skipped"), "junk"
     if rtype not in ("response", "resource", "conversion"):
         stats.skip(rtype)
-        it.read_to_end()
-        return None, _truncated(record)
+        return None, _skip_rest(it) or _truncated(record)
     url = record.rec_headers.get_header("WARC-Target-URI")
     url = url.strip("<>") if url else None
     date = record.rec_headers.get_header("WARC-Date")
     if rtype == "response":
         if record.http_headers is None:
-            if not url or url.lower().startswith(("http:", "https:")):
-                # an HTTP capture whose status line and headers could not be parsed, or a
-                # response naming no target at all (malformed: e.g. garbage headers)
+            if not _other_protocol(url):
+                # an HTTP capture whose status line and headers could not be parsed, a response
+                # naming no target, or one whose target is damaged (`xhttps://…`: a byte before an
+                # ARC header line): malformed, never silently skipped
                 offset = it.get_record_offset()
-                why = ("HTTP response without a parseable status line and headers" if url else
-                       "malformed response record: no WARC-Target-URI and no parseable HTTP headers")
+                why = ("HTTP response without a parseable status line and headers"
+                       if url and url.lower().startswith(("http:", "https:")) else
+                       "malformed response record: no WARC-Target-URI and no parseable HTTP headers" if not url else
+                       f"malformed response record: target {url[:80]!r} has no known URI scheme")
                 return Quarantined(path, f"offset {offset}", why, "", _warc_id(record, path, offset)), _truncated(record)
             stats.skip("response-non-http")  # a response that is not HTTP (dns:, ftp:)
-            it.read_to_end()
-            return None, _truncated(record)
+            return None, _skip_rest(it) or _truncated(record)
         ctype = record.http_headers.get_header("Content-Type")
     else:
         ctype = record.rec_headers.get_header("Content-Type")
@@ -853,25 +866,52 @@ def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_
         error = None
     except Exception as e:
         payload, error = b"", e
-    offset = it.get_record_offset()
+    tail = False
+    try:
+        offset = it.get_record_offset()
+    except HeaderLineTooLong:
+        # warcio reads the line after the record to skip blank lines: a line too long to be a
+        # header there is damage after this record, not in it. The record is whole.
+        offset, tail = rec_start, "tail"
     where = f"offset {offset}"
     rid = _warc_id(record, path, offset)
     if error is None and len(payload) <= limits.max_record_bytes:
         error = _record_damage(record)
     if error is not None:
         msg = error if isinstance(error, str) else f"unreadable WARC payload: {type(error).__name__}: {str(error)[:200]}"
-        return Quarantined(path, where, msg, escape_snippet(payload), rid), _truncated(record)
+        return Quarantined(path, where, msg, escape_snippet(payload), rid), tail or _truncated(record)
     base = dict(id=rid, source=path, offset=where, url=url, date=date, content_type=ctype,
                 metadata={"warc_type": rtype})
     if len(payload) > limits.max_record_bytes:
         return RawRecord(**base, text=payload[:TOO_LARGE_PREFIX_BYTES].decode("utf-8", "replace"),
-                         reject="payload_too_large", size=record.length), _truncated(record)
+                         reject="payload_too_large", size=record.length), tail or _truncated(record)
     mime = _mime(ctype)
     if rtype == "conversion" or mime == "text/plain":
-        return RawRecord(**base, text=payload.decode("utf-8", "replace")), False
+        return RawRecord(**base, text=payload.decode("utf-8", "replace")), tail
     if mime in ("text/html", "application/xhtml+xml") or (not mime and payload.lstrip()[:1] == b"<"):
-        return RawRecord(**base, html=payload), False
-    return RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}"), False
+        return RawRecord(**base, html=payload), tail
+    return RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}"), tail
+
+
+# A URI scheme (RFC 3986). Responses of another scheme than HTTP are captures of other protocols
+# (dns:, ftp:, chrome-extension:), not documents: counted and skipped. A "scheme" that is not one, or
+# that only ends in http(s) (`xhttps`), is a damaged HTTP target: the record is quarantined.
+_URI_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def _other_protocol(url: str | None) -> bool:
+    scheme = url.split(":", 1)[0].lower() if url and ":" in url else ""
+    return bool(_URI_SCHEME.fullmatch(scheme)) and not scheme.endswith(("http", "https"))
+
+
+def _skip_rest(it) -> str | bool:
+    """Read past a record that is not a document; "tail" when a line too long to be a header
+    follows it (warcio reads that line to skip blank lines), else False."""
+    try:
+        it.read_to_end()
+        return False
+    except HeaderLineTooLong:
+        return "tail"
 
 
 def _truncated(record) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import random
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ import zstandard
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from tasks.extract import ExtractConfig, extract_file
+from quipu.tasks.extract import ExtractConfig, extract_file
 from tests.conftest import SHARED_DATA
 from tests.textgen import python_doc_paragraphs
 
@@ -337,3 +338,56 @@ def test_cases_hypothesis_found(case, tmp_path):
     fmt, make, kind = FOUND[case]
     data, damage = make(BUILT[fmt].data, BUILT[fmt])
     check(fmt, kind, data, damage, tmp_path)
+
+
+# ---- found by a wider fuzzer (BOM, re-encodings, long lines between records, damaged ARC URLs) ----
+
+def _read(path: Path) -> tuple[list, list]:
+    from quipu.tasks import readers
+    limits = readers.ReadLimits(**{k: v for k, v in LIMITS.items() if k != "timeout_s"})
+    items = list(readers.read(str(path), readers.ReadStats(), limits))
+    return ([i for i in items if isinstance(i, readers.RawRecord)], [i for i in items if isinstance(i, readers.Quarantined)])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "jsonl.zst"])
+def test_a_byte_order_mark_costs_no_record(fmt, tmp_path):
+    """A UTF-8 BOM before the first line (what Windows editors write) used to make line 1 malformed JSON."""
+    plain = b"\xef\xbb\xbf" + b"".join(json.dumps({"id": d, "text": t}).encode() + b"\n" for d, t in DOCS[:3])
+    data = gzip.compress(plain, mtime=0) if fmt == "jsonl.gz" else zstandard.compress(plain) if fmt == "jsonl.zst" else plain
+    path = tmp_path / f"bom.{fmt}"
+    path.write_bytes(data)
+    records, quarantined = _read(path)
+    assert [r.id for r in records] == [d for d, _ in DOCS[:3]] and quarantined == []
+
+
+@pytest.mark.parametrize("junk_len", [200, LIMITS["max_header_bytes"] + 1, 3 * LIMITS["max_header_bytes"]])
+def test_a_long_junk_line_after_a_record_costs_only_the_junk(junk_len, tmp_path):
+    """warcio reads the line after a record to skip blank lines: one longer than max_header_bytes
+    used to make the whole record before it unreadable."""
+    b = BUILT["warc"]
+    k = 3
+    junk = bytes(random.Random(junk_len).choice(b"abcdefgh") for _ in range(junk_len))
+    path = tmp_path / "junk.warc"
+    path.write_bytes(b.data[:b.spans[k][0]] + junk + b.data[b.spans[k][0]:])
+    records, quarantined = _read(path)
+    got = [r.url.rsplit("/", 1)[-1] for r in records]
+    # record k's header line no longer starts a line: it may go (with a row); every other record is read
+    assert set(got) >= set(b.ids) - {b.ids[k]}
+    assert b.ids[k - 1] in got and len(quarantined) >= 1
+
+
+def test_a_damaged_arc_url_is_quarantined_not_skipped(tmp_path):
+    """A byte before an ARC header line (`xhttps://...`) made the record look like a capture of
+    another protocol, skipped without a trace; real other protocols (dns:, chrome-extension:) are
+    still counted and skipped."""
+    from quipu.tasks.readers import _other_protocol
+    b = BUILT["arc"]
+    k = 2
+    path = tmp_path / "damaged.arc"
+    path.write_bytes(b.data[:b.spans[k][0]] + b"x" + b.data[b.spans[k][0]:])
+    records, quarantined = _read(path)
+    assert b.ids[k] not in {r.url.rsplit("/", 1)[-1] for r in records if r.url}
+    assert [q.reason for q in quarantined] == [f"malformed response record: target 'xhttps://example.org/{b.ids[k]}' has no known URI scheme"]
+    assert len(records) == len(b.ids) - 1
+    assert _other_protocol("dns:example.org") and _other_protocol("chrome-extension://abc/x.html")
+    assert not any(_other_protocol(u) for u in ("xhttps://a.b/", "7https://a.b/", " https://a.b/", "\x00http://a", None))
