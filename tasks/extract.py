@@ -20,7 +20,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import readers
+from quipu.tasks import readers, records, warc
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
 from quipu.tasks.driver import count_reasons
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
@@ -211,7 +211,7 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], readers)
+    return module_version(sys.modules[__name__], readers, records, warc)
 
 
 class ExtractResult(BaseModel):

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from quipu.tasks.benchmarks import BenchmarkError, load_benchmarks
-from quipu.tasks.decontam import (BenchmarkIndex, DecontamConfig, Decontaminate, cut_text, get_index,
-                            normalize)
+from quipu.tasks.benchmark_index import BenchmarkIndex, normalize
+from quipu.tasks.decontam import DecontamConfig, Decontaminate, cut_text, get_index
 from tests.conftest import run_quipu
 
 PUNCT = ".,;:?!"

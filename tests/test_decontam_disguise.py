@@ -20,7 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from quipu.tasks.decontam import DecontamConfig, Decontaminate, normalize
+from quipu.tasks.benchmark_index import normalize
+from quipu.tasks.decontam import DecontamConfig, Decontaminate
 
 ITEM_SOURCES = {"es_items": "es_nltk_cess_esp_news.jsonl", "pt_items": "pt_fakebr_news.jsonl"}
 CYRILLIC = dict(zip("aeopcxyAEOPCXHKMT", "аеорсхуАЕОРСХНКМТ"))

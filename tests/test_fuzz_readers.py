@@ -380,7 +380,7 @@ def test_a_damaged_arc_url_is_quarantined_not_skipped(tmp_path):
     """A byte before an ARC header line (`xhttps://...`) made the record look like a capture of
     another protocol, skipped without a trace; real other protocols (dns:, chrome-extension:) are
     still counted and skipped."""
-    from quipu.tasks.readers import _other_protocol
+    from quipu.tasks.warc import _other_protocol
     b = BUILT["arc"]
     k = 2
     path = tmp_path / "damaged.arc"
