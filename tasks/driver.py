@@ -90,20 +90,20 @@ def shard_fingerprint(stage: Stage, input_sha: str, shard_plan: Any) -> str:
                         "config": stage.config.model_dump(mode="json"), **stage.fingerprint(shard_plan)})
 
 
-def load_done(marker, fp: str) -> ShardResult | None:
-    """The stored result of a finished shard if it matches `fp` and its outputs are intact."""
+def load_done(marker: Path, fp: str, model: type = ShardResult):
+    """The stored result (a `model`: ShardResult, ExtractResult) of a finished shard or file, marked
+    as reused, if its fingerprint is `fp` and every output it names is intact; else None."""
     if not marker.exists():
         return None
     try:
-        done = ShardResult.model_validate(read_json(marker))
+        done = model.model_validate(read_json(marker))
     except Exception:
         return None
     if done.fingerprint != fp:
         return None
-    for out in (done.kept, done.removed):
-        if not Path(out.path).exists() or sha256_file(out.path) != out.sha256:
-            return None
-    return done
+    if not all(Path(o.path).exists() and sha256_file(o.path) == o.sha256 for o in done.outputs()):
+        return None
+    return done.model_copy(update={"skipped": True})
 
 
 def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardResult:
@@ -113,7 +113,7 @@ def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardRe
     fp = shard_fingerprint(stage, shard.sha256, shard_plan)
     done = load_done(marker, fp)
     if done is not None:
-        return done.model_copy(update={"skipped": True})
+        return done
 
     t0 = time.perf_counter()
     kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet")

@@ -19,10 +19,10 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
 from quipu.tasks import readers, records, warc
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
-from quipu.tasks.driver import count_reasons
+from quipu.tasks.driver import count_reasons, load_done
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
 import hashlib
@@ -305,19 +305,6 @@ class _Outputs:
         self.removed_w.abort()
 
 
-def _finished(marker: Path, fp: str) -> ExtractResult | None:
-    """The stored result of this file if it matches `fp` and every output is intact."""
-    if not marker.exists():
-        return None
-    try:
-        done = ExtractResult.model_validate(read_json(marker))
-    except Exception:
-        return None
-    if done.fingerprint == fp and all(Path(o.path).exists() and sha256_file(o.path) == o.sha256 for o in done.outputs()):
-        return done.model_copy(update={"skipped": True})
-    return None
-
-
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
     run_dir = Path(run_dir)
@@ -329,7 +316,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
                  sha256_file(path) if "://" not in path else _remote_fingerprint(path))
     fp = sha256_json({"stage": STAGE, "input": input_sha, "path": path, "code": code_version(),
                       "config": cfg.model_dump(mode="json")})
-    done = _finished(marker, fp)
+    done = load_done(marker, fp, ExtractResult)
     if done is not None:
         return done
 

@@ -76,6 +76,9 @@ class ShardResult(BaseModel):
     seconds: float = 0.0
     skipped: bool = False     # reused from an earlier run (not stored in the marker)
 
+    def outputs(self) -> list[Shard]:
+        return [self.kept, self.removed]
+
 
 @dataclass(frozen=True)
 class RunContext:
