@@ -192,7 +192,7 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
             registry.finish_run(run_id, "failed")
             raise
         summary["seconds"] = round(time.perf_counter() - t_start, 2)
-        write_json_atomic(run_dir / "run.json", summary)
+        write_json_atomic(config.context().summary, summary)
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
     return summary
 
@@ -226,7 +226,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
         log.info("%s: %d in, %d kept, %d removed", name, report["input_docs"], report["kept_docs"], report["removed_docs"])
 
     progress.update("curated", 0.0)
-    curated = write_curated_task(shards, str(run_dir / "curated"), config.curated)
+    curated = write_curated_task(shards, str(config.context().curated), config.curated)
     progress.done()
     summary = {
         "run_id": run_id, "output": rd, "inputs": files,
@@ -249,10 +249,10 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
         registry.save_report(run_id, name, report)
     name = config.dataset or name_from(run_dir.name)
     ds_id = registry.register_dataset(
-        name, "curated", str(run_dir / "curated"), run_id,
+        name, "curated", str(config.context().curated), run_id,
         [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in curated],
         info={"stages": list(reports)})
-    qdir = run_dir / "quarantine"
+    qdir = config.context().quarantine
     if qdir.exists():
         import pyarrow.parquet as pq
         from quipu.catalog.files import sha256_file
@@ -260,4 +260,4 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
                     "sha256": sha256_file(p)} for p in sorted(qdir.glob("*.parquet"))]
         registry.register_dataset(f"{name}/quarantine", "quarantine", str(qdir), run_id, qshards)
     registry.record_lineage(run_id, "input", [{"path": f["source"]} for f in results_extract["files"]])
-    registry.record_lineage(run_id, "output", [{"path": str(run_dir / "curated"), "dataset_id": ds_id}])
+    registry.record_lineage(run_id, "output", [{"path": str(config.context().curated), "dataset_id": ds_id}])

@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 from quipu.catalog.files import read_json
+from quipu.tasks.stage import RunContext
 
 
 def load_run(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "run.json"
+    path = RunContext(str(run_dir)).summary
     if not path.is_file():
         raise FileNotFoundError(f"no run.json in {run_dir} (not a finished curate run directory)")
     return read_json(path)
@@ -160,7 +161,7 @@ class RunProgress:
 
 def resolve_run_dir(run: str) -> str:
     """A run directory as given, or the output directory of a run id known to the catalog."""
-    if (Path(run) / "run.json").is_file():
+    if RunContext(run).summary.is_file():
         return run
     from quipu.catalog import registry
     found = registry.get_run(run)

@@ -307,8 +307,8 @@ class _Outputs:
 
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
-    run_dir = Path(run_dir)
-    layout = RunContext(str(run_dir)).layout(STAGE)
+    run = RunContext(str(run_dir))
+    layout = run.layout(STAGE)
     key = file_key(path)
     marker = layout.markers / f"{key}.json"
     problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
@@ -342,7 +342,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
         removed = out.close()
         quarantine = None
         if quarantine_rows:
-            quarantine = _write_quarantine(run_dir / "quarantine" / f"{key}.parquet", quarantine_rows)
+            quarantine = _write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows)
     except BaseException:
         out.abort()
         raise

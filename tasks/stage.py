@@ -90,6 +90,19 @@ class RunContext:
     def layout(self, stage: str) -> "StageLayout":
         return StageLayout(Path(self.run_dir) / stage)
 
+    # the run-level entries of the run folder (a stage's own: `layout(stage)`)
+    @property
+    def curated(self) -> Path:
+        return Path(self.run_dir) / "curated"
+
+    @property
+    def quarantine(self) -> Path:
+        return Path(self.run_dir) / "quarantine"
+
+    @property
+    def summary(self) -> Path:
+        return Path(self.run_dir) / "run.json"
+
 
 DETACHED = RunContext(run_dir="")   # a stage used on batches only (unit tests, notebooks)
 
