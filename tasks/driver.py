@@ -216,18 +216,18 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     phases = phases or InProcess()
     stage = ref.build()
     stage.check()
-    t0 = time.perf_counter()
     scans = phases.scan(ref, shards) if stage.needs_scan() else None
+    t0 = time.perf_counter()
     plan = phases.plan(ref, scans)
-    t_plan = time.perf_counter() - t0
+    plan_s = time.perf_counter() - t0
     results = phases.process(ref, shards, plan, progress)
-    t1 = time.perf_counter()
+    t0 = time.perf_counter()
     committed = phases.commit(ref, scans, plan)
+    commit_s = time.perf_counter() - t0
     report = aggregate(stage.name, results)
-    # The stage's time: its shards' processing (summed) plus scans (summed), plan and commit.
+    # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
-    plan_s = t_plan - (max(s.seconds for s in scans) if scans else 0.0)
-    report["seconds"] = round(report["seconds"] + scan_s + max(0.0, plan_s) + (time.perf_counter() - t1), 3)
+    report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
     report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans else None, plan, committed)
     return results, report
 
