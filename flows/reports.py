@@ -42,12 +42,16 @@ def format_funnel(run: dict, top: int = 5) -> str:
     for r in funnel_rows(run):
         out.append(f"{r['stage']:<12}{r['input']:>10}{r['kept']:>10}{r['removed']:>10}{r['kept %']:>9.1f}{r['seconds']:>10.1f}")
     for s in run["stages"]:
-        if not s["removed_by_reason"]:
-            continue
-        out.append("")
-        out.append(f"{s['name']}: top removal reasons")
-        for reason, n in list(s["removed_by_reason"].items())[:top]:
-            out.append(f"  {n:>8}  {reason}")
+        if s["removed_by_reason"]:
+            out.append("")
+            out.append(f"{s['name']}: top removal reasons")
+            for reason, n in list(s["removed_by_reason"].items())[:top]:
+                out.append(f"  {n:>8}  {reason}")
+        if s.get("edits"):
+            out.append("")
+            out.append(f"{s['name']}: edits to kept text")
+            for what, n in s["edits"].items():
+                out.append(f"  {n:>8}  {what}")
     if run.get("quarantine_by_reason"):
         out.append("")
         out.append("quarantine reasons")
@@ -73,6 +77,11 @@ def stage_markdown(report: dict) -> str:
                 text = ex["snippet"].replace("|", "\\|").replace("\n", " ")
                 lines.append(f"- `{ex['id']}`: {text}")
             lines.append("")
+    edits = {k: n for k, n in report.get("stats", {}).get("edits", {}).items() if n}
+    if edits:
+        lines += ["## Edits to kept text", "", "| edit | count |", "|---|---:|"]
+        lines += [f"| {k.replace('<', '&lt;').replace('>', '&gt;')} | {n} |" for k, n in edits.items()]
+        lines.append("")
     if report.get("quarantined"):
         lines += ["## Quarantine", "", f"{report['quarantined']} records or file parts could not be read:", ""]
         lines += [f"- {r}: {n}" for r, n in report.get("quarantine_by_reason", {}).items()]

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import readers, records, warc
+from quipu.tasks import readers, records, text_repair, warc
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
 from quipu.tasks.driver import count_reasons, load_done
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
@@ -49,6 +49,7 @@ class ExtractConfig(StageConfig):
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
     max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file stops after this long; the rest of it is one quarantined record")
+    fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
     include_comments: bool = False
     include_tables: bool = True
     favor_precision: bool = False
@@ -211,7 +212,7 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], readers, records, warc)
+    return module_version(sys.modules[__name__], readers, records, text_repair, warc)
 
 
 class ExtractResult(BaseModel):
@@ -325,6 +326,7 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
     limits = readers.ReadLimits(max_record_bytes=cfg.max_record_bytes, max_header_bytes=cfg.max_header_bytes,
                                 max_expansion=cfg.max_expansion, max_file_seconds=cfg.max_file_seconds)
     quarantine_rows: list[dict] = []
+    repaired: dict[str, int] = {}     # documents whose text fix_unicode changed, by kind
     out = _Outputs(layout, key, cfg)
     try:
         for item in readers.read(path, stats, limits):
@@ -333,6 +335,10 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
                                         "reason": item.reason, "snippet": item.snippet})
                 continue
             text, reason = decide(item, cfg)
+            if reason is None and cfg.fix_unicode:
+                text, repair = text_repair.repair_unicode(text)
+                if repair:
+                    repaired[repair] = repaired.get(repair, 0) + 1
             row = _row(item, text)
             nbytes = len(row["text"].encode())
             if reason in TOO_LARGE_REASONS:
@@ -354,7 +360,8 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
         removed_docs=removed.rows, quarantined=len(quarantine_rows),
         quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=stats.skipped,
         kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
-        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": stats.skipped},
+        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": stats.skipped, "unicode_repaired": repaired,
+               "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}},
         bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
         seconds=round(time.perf_counter() - t0, 3))
     if out.docs != kept_docs + removed.rows:

@@ -278,5 +278,5 @@ class HeuristicFilters(Stage):
         batch = set_column(batch, pa.field("text", pa.string(), nullable=False), new_texts)
         kept, removed = split_by_mask(batch, keep, reasons)
         edited = sum(1 for a, b, k in zip(texts, new_texts, keep) if k and a != b)
-        return Outcome(kept, removed, {"edited_by_c4": edited})
+        return Outcome(kept, removed, {"edited_by_c4": edited, "edits": {"documents edited by c4": edited}})
 

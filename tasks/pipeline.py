@@ -5,22 +5,30 @@ A stage's config block in the curate config is named as the stage (`Stage.name`)
 """
 from __future__ import annotations
 
+from quipu.tasks.bad_words import BadWordsFilter
 from quipu.tasks.decontam import Decontaminate
 from quipu.tasks.dedup import DedupStage
 from quipu.tasks.heuristics import HeuristicFilters
 from quipu.tasks.langid import LanguageId
+from quipu.tasks.lines import LineDedup
 from quipu.tasks.perplexity import PerplexityStage
+from quipu.tasks.pii import PiiRedaction
 from quipu.tasks.quality import QualityFilter
 from quipu.tasks.stage import Stage
 from quipu.tasks.terminal_punct import TerminalPunctFilter
+from quipu.tasks.urls import UrlFilter
 
 STAGES: list[type[Stage]] = [
+    UrlFilter,           # first: a blocked site's text is never read
     LanguageId,
+    BadWordsFilter,      # off by default; per language, so after langid
+    LineDedup,           # global: boilerplate lines go before any rule judges the text
     HeuristicFilters,
     TerminalPunctFilter,
     QualityFilter,
     DedupStage,          # global: signatures, plan, split, commit
     Decontaminate,
+    PiiRedaction,        # edits kept text only: nothing after it sees personal data
     PerplexityStage,     # last: scores what is kept
 ]
 

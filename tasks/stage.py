@@ -137,7 +137,9 @@ class StageLayout:
 class Outcome:
     kept: pa.Table
     removed: pa.Table            # the kept schema plus `reason` (and stage-specific columns)
-    stats: dict = field(default_factory=dict)   # stage-specific counters, summed across shards
+    # stage-specific counters, summed across shards; a stage that edits text counts its edits under
+    # stats["edits"] ({what: count}), which the run summary and the funnel show beside removals
+    stats: dict = field(default_factory=dict)
 
 
 class Stage:

@@ -39,7 +39,8 @@ def check_run(out: Path) -> dict:
     """The invariants every finished run satisfies, read from what it wrote."""
     run = json.loads((out / "run.json").read_text())
     stages = run["stages"]
-    assert stages[0]["name"] == "extract" and [s["name"] for s in stages[1:3]] == ["langid", "heuristics"]
+    names = [s["name"] for s in stages]
+    assert names[0] == "extract" and names.index("urls") < names.index("langid") < names.index("lines") < names.index("heuristics")
     assert run["records_read"] == stages[0]["input_docs"] + run["quarantined"]
     for prev, s in zip(stages, stages[1:]):
         assert s["input_docs"] == prev["kept_docs"], s["name"]

@@ -187,15 +187,20 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
 
     # the corpus and the curate flow only: the model steps (quality-train, ppl-distill, train) have
     # their own tests, and the stages that need their models stay off in configs/curate/demo.yaml
-    ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=SMALL)
+    # a tenth of the corpus has a tenth of each site's pages: a line is "repeated" from 5 of them
+    ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=SMALL,
+                      overrides=["lines.max_line_count=4"])
     assert run_demo(ctx, only=["build-corpus", "curate"]) == 0
     out = capsys.readouterr().out
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     stages = run["stages"]
-    assert [s["name"] for s in stages][:3] == ["extract", "langid", "heuristics"]
+    assert [s["name"] for s in stages][:5] == ["extract", "urls", "langid", "lines", "heuristics"]
     for s in stages:
         assert s["input_docs"] == s["kept_docs"] + s["removed_docs"], s["name"]
-        assert s["removed_docs"] > 0, f"stage {s['name']} removed nothing from the demo corpus"
+        if s["name"] == "pii":   # edits only: it redacts, never removes
+            assert s["removed_docs"] == 0 and s["edits"]["documents redacted"] > 0, s
+        else:
+            assert s["removed_docs"] > 0, f"stage {s['name']} removed nothing from the demo corpus"
     for a, b in zip(stages, stages[1:]):
         assert b["input_docs"] == a["kept_docs"], (a["name"], b["name"])
     assert run["records_read"] == stages[0]["input_docs"] + run["quarantined"]
@@ -205,6 +210,9 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
     assert set(outcomes["keyboard_noise"]) <= {"langid", "heuristics", "quality", "perplexity"}
     assert set(outcomes["not_html"]) == {"extract"} and set(outcomes["malformed_json"]) == {"quarantine"}
     assert outcomes["benchmark_leak"].get("decontam", 0) > 0 or "decontam" not in [s["name"] for s in stages]
+    assert set(outcomes["blocked_url"]) == {"urls"}
+    assert set(outcomes["pii"]) - {"curated, PII redacted"} <= {"langid", "lines", "heuristics", "dedup"}
+    assert outcomes["pii"].get("curated, PII redacted", 0) > 0 and "curated" not in outcomes["pii"]
     for needle in ("where to look", "curated shards", f"quipu report {tmp_path / 'run'}", "quipu catalog ls",
-                   "what happened to what we planted"):
+                   "what happened to what we planted", "pii: edits to kept text"):
         assert needle in out

@@ -313,7 +313,7 @@ def test_bad_input_corpus_is_fully_accounted_for(tmp_path, shared_data, tiny_mod
 def check_bad_input_run(out: Path, inputs: list[str], expected: dict) -> None:
     run = json.loads((out / "run.json").read_text())
     stages = [s["name"] for s in run["stages"]]
-    assert stages == ["extract", "langid", "heuristics", "quality", "dedup", "decontam", "perplexity"]
+    assert stages == ["extract", "urls", "langid", "lines", "heuristics", "quality", "dedup", "decontam", "pii", "perplexity"]
 
     # every record: kept (curated) + removed (any stage) + quarantined = read, from the parquet files
     curated = list((out / "curated").glob("*.parquet"))
