@@ -213,3 +213,47 @@ def test_packed_unit_accounts_for_every_file(shared_data, tmp_path):
     ids = lambda res: pa.concat_tables([pq.read_table(s.path, columns=["id", "text"]) for s in res.kept_shards])
     assert ids(r).equals(ids(whole))
     assert len(r.kept_shards) == len(whole.kept_shards) == 1
+
+
+@pytest.mark.slow
+def test_many_small_files_cost_what_one_file_costs(shared_data, tmp_path, prefect_server):
+    """The curate flow over the same documents as 150 small files and as one file: the same number
+    of files written (work units packed by size), the same curated documents, every file's records
+    accounted for; the finished run keeps no intermediate copy, and a rerun reuses it whole."""
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig, curate
+    from tests.conftest import ROOT
+    lines = []
+    for name in TEXT_FILES[:3]:
+        with open(shared_data / "text" / name, encoding="utf-8") as fh:
+            lines += [line for _, line in zip(range(50), fh)]
+    small, one = tmp_path / "small", tmp_path / "one"
+    small.mkdir(), one.mkdir()
+    for i in range(0, len(lines), 1):
+        (small / f"part-{i:05d}.jsonl").write_text(lines[i], encoding="utf-8")
+    (one / "all.jsonl").write_text("".join(lines), encoding="utf-8")
+
+    def curate_into(src: Path, out: Path) -> dict:
+        cfg = load_config(CurateConfig, ROOT / "configs/curate/demo.yaml",
+                          [f"input=[{src}/*.jsonl]", f"output={out}", f"dedup.index_dir={tmp_path / out.name}-idx",
+                           f"lines.index_dir={tmp_path / out.name}-lines"])
+        return curate(cfg)
+
+    runs = {name: curate_into(src, tmp_path / f"run-{name}") for name, src in (("small", small), ("one", one))}
+    written = {name: sorted(str(p.relative_to(tmp_path / f"run-{name}").parent) for p in (tmp_path / f"run-{name}").rglob("*")
+                            if p.is_file()) for name in runs}
+    assert len(written["small"]) == len(written["one"]) and written["small"] == written["one"]
+    assert not [w for w in written["one"] if w.endswith("/kept") or "/_sig" in w or "/_counts" in w]
+    ids = {name: pq.read_table(tmp_path / f"run-{name}" / "curated", columns=["id", "text"]) for name in runs}
+    assert ids["small"].num_rows > 30 and ids["small"].equals(ids["one"])
+    extract = json.loads((tmp_path / "run-small" / "extract" / "report.json").read_text())
+    assert len(extract["files"]) == len(lines) and {f["unit"] for f in extract["files"]} == {extract["shards"][0]["name"]}
+    assert all(f["records_read"] == f["documents"] == 1 for f in extract["files"])
+    disk = runs["small"]["disk"]
+    assert disk["bytes"]["intermediate"] == 0 and disk["bytes"]["curated"] > 0 and disk["input_bytes"] > 0
+    assert json.loads((tmp_path / "run-small" / "run.json").read_text())["disk"] == disk
+
+    again = curate_into(small, tmp_path / "run-small")
+    assert again["curated"] == runs["small"]["curated"]
+    report = json.loads((tmp_path / "run-small" / "dedup" / "report.json").read_text())
+    assert all(s["skipped"] for s in report["shards"])
