@@ -113,3 +113,34 @@ def test_a_rule_that_fails_removes_the_document_visibly():
     stage._chains["en"] = [("broken", Broken())]
     out = stage.process(table([EN], ["en"]))
     assert out.removed.column("reason").to_pylist() == ["broken:error:ValueError"]
+
+
+def test_one_tokenisation_answers_as_datatrove(shared_data):
+    """While a document is judged, words and sentences come from one tokenisation of the document
+    (`SharedTokens`): they must be datatrove's own answers for the document, every line of it, the
+    text C4 leaves (lines dropped, citations cut) and lines that are not the document's."""
+    import datatrove.utils.text as dt
+    from datatrove.pipeline.filters.c4_filters import CITATION_REGEX
+    from quipu.tasks.heuristics import SharedTokens
+    SharedTokens.install()
+    datatrove_parts = dt.split_into_parts.__wrapped__
+    checked = 0
+    for path in sorted((shared_data / "text").glob("*.jsonl")):
+        lang = {"en": "eng", "es": "spa", "pt": "por"}.get(path.name[:2], "eng")
+        with open(path, encoding="utf-8") as fh:
+            texts = [json.loads(line)["text"] for _, line in zip(range(12), fh)]
+        texts.append("Odd  spacing .. and\ttabs!\n\n  Indented [1] line?  Yes .\r\nA line\u2028after a separator.\x0cEnd")
+        for text in texts:
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            c4_text = "\n".join(CITATION_REGEX.sub("", line) for line in lines if len(line.split()) >= 3).strip()
+            asks = ([(text, "WORDS"), (c4_text, "WORDS"), (text, "SENTENCE"), ("Not from it. At all", "SENTENCE")]
+                    + [(line, "SENTENCE") for line in lines] + [(CITATION_REGEX.sub("", line), "SENTENCE") for line in lines])
+            SharedTokens.judging(text)
+            try:
+                ours = [SharedTokens.parts(t, mode, lang, datatrove_parts) for t, mode in asks]
+            finally:
+                SharedTokens.judging(None)
+            for (t, mode), got in zip(asks, ours):
+                assert got == datatrove_parts(t, mode, lang), (path.name, mode, t[:80])
+                checked += 1
+    assert checked > 2000
