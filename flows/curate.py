@@ -18,6 +18,8 @@ from quipu.catalog import registry
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.names import check_name, name_from
 from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.flows.dataset_card import write_dataset_card
+from quipu.flows.html_report import publish_charts
 from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
@@ -26,7 +28,7 @@ from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_file
 from quipu.tasks.output import OutputConfig, write_curated
 from quipu.tasks.pipeline import STAGES
 from quipu.tasks.readers import expand_inputs
-from quipu.tasks.stage import RunContext, Shard, ShardResult
+from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
 
 
 class CurateSettings(BaseModel):
@@ -164,7 +166,7 @@ NOT_IDENTITY = ("workers", "runner", "artifact_prefix")
 
 def owned_entries() -> list[str]:
     """What a curate run writes into its output folder, and so what `--overwrite` clears."""
-    return ["extract", *(s.name for s in STAGES), "curated", "quarantine", "run.json"]
+    return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
 @flow(name="curate", log_prints=True, persist_result=False)
@@ -239,8 +241,11 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
         "curated": {"rows": sum(p.rows for p in curated), "shards": [p.path for p in curated]},
         "config": config.model_dump(mode="json"),
     }
+    write_dataset_card(summary, run_dir, config.dataset or name_from(run_dir.name), config.curated.license,
+                       QUIPU_VERSION)
     _register(config, run_dir, run_id, files, reports, curated, results_extract=reports["extract"])
     publish_artifacts(summary, reports, config.artifact_prefix)
+    publish_charts(summary, reports, config.artifact_prefix)
     return summary
 
 

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.tasks.schema import conform
 from quipu.tasks.stage import Outcome, RunContext, Shard, ShardResult, ShardWriter, Stage, StageConfig, snippet
 
 EXAMPLES_PER_REASON = 3
@@ -117,7 +118,8 @@ def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardRe
 
     t0 = time.perf_counter()
     kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet")
-    removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet")
+    from quipu.tasks.pipeline import REMOVED_SCHEMA
+    removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
     counts: dict[str, int] = {}
     examples: dict[str, list[dict]] = {}
     stats: dict[str, Any] = {}
@@ -134,13 +136,12 @@ def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardRe
             b, c = text_sizes(batch); bytes_in += b; chars_in += c
             b, c = text_sizes(out.kept); bytes_out += b; chars_out += c
             kept_w.write(out.kept)
-            removed_w.write(out.removed)
+            removed_w.write(conform(out.removed, REMOVED_SCHEMA, stage.name))
             count_reasons(out.removed, counts, examples)
             merge_counts(stats, out.stats)
         if empty:  # an empty shard still yields (empty) outputs with the stage's schema
             out = stage.process(pf.schema_arrow.empty_table(), shard_plan)
             kept_w.write(out.kept)
-            removed_w.write(out.removed)
         kept = kept_w.close()
         removed = removed_w.close()
     except BaseException:
@@ -228,7 +229,9 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
     report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
-    report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans else None, plan, committed)
+    # a scanning stage always gets a list (empty for a run of no documents), others None
+    report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans is not None else None,
+                                     plan, committed)
     return results, report
 
 
