@@ -201,10 +201,10 @@ class InProcess:
         return plan_stage(ref, scans)
 
     def process(self, ref: StageRef, shards: list[Shard], plan: Any,
-                progress: Callable[[float], object] | None = None) -> list[ShardResult]:
+                progress: Callable[[ShardResult], object] | None = None) -> list[ShardResult]:
         results = self.map_fn(lambda s: process_one(ref, s, plan), shards)
-        if progress is not None:
-            progress(1.0)
+        for r in results if progress is not None else []:
+            progress(r)
         return results
 
     def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
@@ -212,8 +212,9 @@ class InProcess:
 
 
 def run_stage(ref: StageRef, shards: list[Shard], phases=None,
-              progress: Callable[[float], object] | None = None) -> tuple[list[ShardResult], dict]:
-    """Every phase of one stage over `shards`, in order; returns the shard results and the report."""
+              progress: Callable[[ShardResult], object] | None = None) -> tuple[list[ShardResult], dict]:
+    """Every phase of one stage over `shards`, in order; returns the shard results and the report.
+    `progress(result)` is called as each shard's processing is collected (the progress display)."""
     phases = phases or InProcess()
     stage = ref.build()
     stage.check()
@@ -243,10 +244,13 @@ def aggregate(stage: str, results: list[ShardResult]) -> dict:
                               "bytes_in": 0, "bytes_out": 0, "chars_in": 0, "chars_out": 0,
                               "seconds": 0.0, "removed_by_reason": {}, "examples": {}, "stats": {},
                               "shards": []}
+    report["reused_shards"] = 0
     for r in results:
         for k in ("input_docs", "kept_docs", "removed_docs", "bytes_in", "bytes_out", "chars_in", "chars_out"):
             report[k] += getattr(r, k)
-        report["seconds"] += r.seconds
+        # a shard reused from an earlier run cost nothing now: its stored seconds are not this run's
+        report["seconds"] += 0.0 if r.skipped else r.seconds
+        report["reused_shards"] += int(r.skipped)
         for reason, n in r.removed_by_reason.items():
             report["removed_by_reason"][reason] = report["removed_by_reason"].get(reason, 0) + n
         for reason, ex in r.examples.items():

@@ -61,7 +61,14 @@ WORKER_START_TIMEOUT_S = 300
 
 
 def _serve(conn) -> None:  # runs in the child
+    import logging
+
     import trafilatura
+    # trafilatura logs "lxml parsing failed: Document is empty" and the like at ERROR for pages with
+    # no text; each such page is already counted as a removal with its reason (extract:no_text), so
+    # its log lines are noise on the user's terminal
+    logging.getLogger("trafilatura").addHandler(logging.NullHandler())
+    logging.getLogger("trafilatura").propagate = False
     conn.send(("ready", None))
     while True:
         try:
