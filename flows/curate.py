@@ -22,16 +22,19 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_file, write_json_atomic
 from quipu.catalog.names import check_name, name_from
 from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.flows.dataset_card import write_dataset_card
+from quipu.flows.html_report import publish_charts
+from quipu.flows.progress import StageProgress, say
 from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
 from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_unit, pack_inputs
-from quipu.tasks.output import OutputConfig, write_curated
+from quipu.tasks.output import OutputConfig, curated_marker, write_curated
 from quipu.tasks.pipeline import STAGES
 from quipu.tasks import readers
 from quipu.tasks.readers import expand_inputs
-from quipu.tasks.stage import RunContext, Shard, ShardResult
+from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
 
 
 class CurateSettings(BaseModel):
@@ -157,23 +160,32 @@ def collect(futures, on_result: Callable[[object], object] | None = None) -> lis
     return results
 
 
-class ShardProgress(driver.Progress):
-    """The one place the flow learns that a shard is done (stage, shard, documents, reused or not;
-    extract's units included): it moves the run's progress artifact. A live display hooks in here."""
+class Progress(driver.Progress):
+    """One curate run's progress: the UI's progress artifact and the terminal's lines. The driver
+    calls `start` per segment of fused stages, `shard_done` per stage and shard (extract's units
+    too), `finish` per stage: the one place a shard's completion is known. A segment shows one live
+    bar (its stages finish each shard together, and rich keeps one live display at a time), then a
+    line per stage."""
 
-    def __init__(self, artifact: RunProgress):
-        self.artifact = artifact
-        self.total: dict[str, int] = {}
-        self.done: dict[str, int] = {}
+    def __init__(self, prefix: str, stages: list[str]):
+        self.artifact = RunProgress(prefix, stages)
+        self.stages: dict[str, StageProgress] = {}
 
-    def start(self, stages: list[str], shards: int) -> None:
-        for name in stages:
-            self.total[name], self.done[name] = shards, 0
+    def start(self, stages: list[str], shards: int, docs: int | None = None) -> None:
         self.artifact.update(stages[0], 0.0)
+        self.stages = {stages[0]: StageProgress(stages[0], shards, docs)}
+        for name in stages[1:]:
+            # counted, with no bar of its own: created for one shard (no live display), then told the total
+            self.stages[name] = StageProgress(name, 1, None)
+            self.stages[name].shards = shards
 
     def shard_done(self, result: ShardResult | ExtractResult) -> None:
-        self.done[result.stage] = self.done.get(result.stage, 0) + 1
-        self.artifact.update(result.stage, self.done[result.stage] / max(1, self.total.get(result.stage, 1)))
+        stage = self.stages[result.stage]
+        stage.advance(result.input_docs, result.skipped)
+        self.artifact.update(result.stage, stage.done_shards / max(1, stage.shards))
+
+    def finish(self, stage: str, report: dict) -> None:
+        self.stages[stage].finish(report["kept_docs"], report["removed_docs"], report["seconds"])
 
 
 def aggregate_extract(results: list[ExtractResult]) -> dict:
@@ -201,7 +213,7 @@ NOT_IDENTITY = ("workers", "runner", "artifact_prefix")
 
 def owned_entries() -> list[str]:
     """What a curate run writes into its output folder, and so what `--overwrite` clears."""
-    return ["extract", *(s.name for s in STAGES), "curated", "quarantine", "run.json"]
+    return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
 @flow(name="curate", log_prints=True, persist_result=False)
@@ -267,7 +279,7 @@ def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict |
     if not context.summary.exists():
         return None
     summary = read_json(context.summary)
-    marker = context.curated / "_curated.json"
+    marker = curated_marker(context.curated)
     parts = [Shard(**p) for p in read_json(marker).get("parts", [])] if marker.exists() else None
     missing = [str(marker)] if parts is None else \
         [p.path for p in parts if not (Path(p.path).exists() and sha256_file(p.path) == p.sha256)]
@@ -283,11 +295,14 @@ def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict |
                         f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): pass --overwrite to redo it")
     for name, report in reports.items():   # nothing was redone: every shard is reused
         report["shards"] = [{**sh, "skipped": True} for sh in report["shards"]]
+        report["reused_shards"] = len(report["shards"])
         write_report(str(run_dir), name, report)
-    log.info("%s: the run is complete; reusing its %d curated shards", run_dir, len(parts))
-    summary = {**summary, "run_id": run_id}
+    say(f"{run_dir}: the run is complete; reusing its {len(parts)} curated shards")
+    summary = {**summary, "run_id": run_id,
+               "stages": [{**st, "reused_shards": reports[st["name"]]["reused_shards"]} for st in summary["stages"]]}
     _register(config, run_dir, run_id, summary["inputs"], reports, parts, reports["extract"])
     publish_artifacts(summary, reports, config.artifact_prefix)
+    publish_charts(summary, reports, config.artifact_prefix)
     return summary
 
 
@@ -295,11 +310,13 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     rd = str(run_dir)
     preflight(config)  # a missing or corrupt model fails here, before extract reads anything
     stages = enabled_stages(config)
-    progress = ShardProgress(RunProgress(config.artifact_prefix, ["extract", *stages, "curated"]))
+    progress = Progress(config.artifact_prefix, ["extract", *stages, "curated"])
     units = pack_inputs(files, int(config.extract.pack_mb * 1e6))
+    say(f"curating {len(files)} input files ({len(units)} work units) into {rd}: extract, {', '.join(stages)}")
     progress.start(["extract"], len(units))
     results = collect(extract_task.map(units, run_dir=unmapped(rd), cfg=unmapped(config.extract)), progress.shard_done)
     report = aggregate_extract(results)
+    progress.finish("extract", report)
     write_report(rd, "extract", report)
     log.info("extract: %d records read from %d files in %d units, %d documents, %d kept, %d quarantined",
              report["records_read"], len(files), len(units), report["input_docs"], report["kept_docs"], report["quarantined"])
@@ -322,12 +339,15 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],
                     "removed_docs": r["removed_docs"], "removed_by_reason": r["removed_by_reason"],
                     "edits": {k: n for k, n in r["stats"].get("edits", {}).items() if n},
-                    "seconds": r["seconds"]} for name, r in reports.items()],
+                    "seconds": r["seconds"], "reused_shards": r.get("reused_shards", 0)} for name, r in reports.items()],
         "curated": {"rows": sum(p.rows for p in curated), "shards": [p.path for p in curated]},
         "config": config.model_dump(mode="json"),
     }
+    write_dataset_card(summary, run_dir, config.dataset or name_from(run_dir.name), config.curated.license,
+                       QUIPU_VERSION)
     _register(config, run_dir, run_id, files, reports, curated, results_extract=reports["extract"])
     publish_artifacts(summary, reports, config.artifact_prefix)
+    publish_charts(summary, reports, config.artifact_prefix)
     return summary
 
 

@@ -49,7 +49,7 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
     curate_cfg = load_config(CurateConfig, cfg.curate_config, curate_overrides)
     curate_cfg = CurateConfig.model_validate({**curate_cfg.model_dump(), "input": result.paths,
                                               "output": incremental_output(cfg, result.paths)})
-    rc = run_curate(curate_cfg)
+    rc = run_curate(curate_cfg, allow_empty=True)   # an increment of only duplicates is not an error
     if rc == 0:
         mark_seen(result, None)
     return rc

@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, task
 from quipu.catalog import registry
 from quipu.catalog.files import remove_stale_temporaries
 from quipu.catalog.ownership import output_lock
+from quipu.flows.progress import StepProgress, say
 from quipu.trainer.data import format_blend_report, resolve_phase_starts
 from quipu.trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
 from quipu.trainer.train import TrainConfig, train
@@ -41,11 +42,13 @@ def tokenize_task(name: str, paths: list[str], tokenizer_dir: str, run_dir: str,
 
 
 class ProgressReporter:
-    """Training progress as an in-place Prefect progress artifact (rate-limited)."""
+    """Training progress: a line per logged step on the terminal, and an in-place Prefect progress
+    artifact (rate-limited)."""
 
     def __init__(self, max_steps: int, key: str):
         from prefect.artifacts import create_progress_artifact
         self.max_steps = max_steps
+        self.console = StepProgress(max_steps)   # the terminal's line per logged step
         self.last = 0.0
         try:
             self.id = create_progress_artifact(progress=0.0, key=key, description="training steps done (%)")
@@ -53,6 +56,7 @@ class ProgressReporter:
             self.id = None
 
     def __call__(self, m: dict) -> None:
+        self.console(m)
         now = time.monotonic()
         if self.id is None or (now - self.last < 2 and m["step"] < self.max_steps):
             return
@@ -81,12 +85,14 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path) -> dict:
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir))
         log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
                  {k: v["tokens_per_word"] for k, v in fert.items()})
+        say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word']:.2f}" for k, v in fert.items()))
         futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
         markers = {n: f.result() for n, f in futures.items()}
         from quipu.trainer.tokenizer import TextTokenizer
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():
             log.info("source %s: %d documents, %d tokens", n, s["docs"], s["tokens"])
+            say(f"source {n}: {s['docs']:,} documents, {s['tokens']:,} tokens")
         summary = train(config, run_dir, resume=resume, on_log=ProgressReporter(config.train.max_steps, "train-progress"))
         blend = (run_dir / "blend.json")
         if blend.exists():

@@ -616,6 +616,7 @@ class DedupStage(Stage):
     """Global: signatures per shard (scan), one sequential plan over them, per-shard splits by the
     plan's decisions, then the index commit once every output is written."""
     name = STAGE
+    columns = tuple(DUP_FIELDS)
     Config = DedupConfig
 
     def check(self) -> None:

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.tasks.schema import conform
 from quipu.tasks.stage import Outcome, RunContext, Shard, ShardResult, ShardWriter, Stage, StageConfig, snippet
 
 EXAMPLES_PER_REASON = 3
@@ -163,8 +164,9 @@ class _StageTally:
     def __init__(self, stage: Stage, shard: Shard, write_kept: bool):
         layout = stage.layout
         self.stage = stage
+        from quipu.tasks.pipeline import REMOVED_SCHEMA   # every stage's removed/ shares one schema
         self.kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet") if write_kept else None
-        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet")
+        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
         self.counts: dict[str, int] = {}
         self.examples: dict[str, list[dict]] = {}
         self.stats: dict[str, Any] = {}
@@ -182,21 +184,20 @@ class _StageTally:
         b, c = text_sizes(out.kept); self.bytes_out += b; self.chars_out += c
         if self.kept_w is not None:
             self.kept_w.write(out.kept)
-        self.removed_w.write(out.removed)
+        self.removed_w.write(conform(out.removed, self.removed_w.schema, self.stage.name))
         count_reasons(out.removed, self.counts, self.examples)
         merge_counts(self.stats, out.stats)
         self.seconds += time.perf_counter() - t0
         return out.kept
 
     def needs_schema(self) -> bool:
-        return any(w is not None and w._writer is None for w in (self.kept_w, self.removed_w))
+        return self.kept_w is not None and self.kept_w._writer is None
 
     def write_empty(self, empty: pa.Table, shard_plan: Any) -> pa.Table:
-        """Give the writers that saw no batch the stage's output schema (an empty shard is still a file)."""
+        """Give a kept writer that saw no batch the stage's output schema (an empty shard is still a file)."""
         out = self.stage.process(empty, shard_plan)
-        for w, t in ((self.kept_w, out.kept), (self.removed_w, out.removed)):
-            if w is not None and w._writer is None:
-                w.write(t)
+        if self.needs_schema():
+            self.kept_w.write(out.kept)
         return out.kept
 
     def result(self, shard: Shard, fp: str) -> ShardResult:
@@ -296,10 +297,14 @@ def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | N
 
 class Progress:
     """The one hook for progress displays: `start` when a segment's (or extract's) shards are
-    handed out, `shard_done` once per stage and shard as soon as the shard is done (its stage,
-    shard, documents in/kept/removed; `skipped`: reused from an earlier run). Does nothing here."""
+    handed out (its stages, shards and documents), `shard_done` once per stage and shard as soon as
+    the shard is done (its stage, shard, documents in/kept/removed; `skipped`: reused from an
+    earlier run), `finish` with each stage's report. Does nothing here."""
 
-    def start(self, stages: list[str], shards: int) -> None:
+    def start(self, stages: list[str], shards: int, docs: int | None = None) -> None:
+        pass
+
+    def finish(self, stage: str, report: dict) -> None:
         pass
 
     def shard_done(self, result: ShardResult) -> None:
@@ -342,7 +347,8 @@ class SegmentRun:
     outputs: list[Shard]
 
 
-def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Progress = NO_PROGRESS) -> SegmentRun:
+def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Progress = NO_PROGRESS,
+                docs: int | None = None) -> SegmentRun:
     """Every phase of a segment's stages over `shards`, in order: the head's scan and plan, the
     fused pass per shard, each stage's commit, then each stage's report."""
     phases = phases or InProcess()
@@ -354,7 +360,7 @@ def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Pr
     t0 = time.perf_counter()
     plans = [phases.plan(segment.head, scans)] + [st.plan(None) for st in stages[1:]]
     plan_s = time.perf_counter() - t0
-    progress.start(segment.names, len(shards))
+    progress.start(segment.names, len(shards), docs)
     per_shard = phases.process(segment, shards, plans, progress)
     results = {st.name: [r[i] for r in per_shard] for i, st in enumerate(stages)}
     reports = {}
@@ -366,7 +372,8 @@ def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Pr
         # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
         extra = (sum(s.seconds for s in scans) if scans else 0.0) + plan_s if i == 0 else 0.0
         report["seconds"] = round(report["seconds"] + extra + time.perf_counter() - t0, 3)
-        report["stats"] = st.finalize(report["stats"], [s.value for s in stage_scans] if stage_scans else None,
+        # a scanning stage always gets a list (empty for a run of no documents), others None
+        report["stats"] = st.finalize(report["stats"], [s.value for s in stage_scans] if stage_scans is not None else None,
                                       plans[i], committed)
         reports[st.name] = report
     return SegmentRun(results, reports, [r[-1].kept for r in per_shard])
@@ -387,10 +394,13 @@ def aggregate(stage: str, results: list[ShardResult]) -> dict:
                               "bytes_in": 0, "bytes_out": 0, "chars_in": 0, "chars_out": 0,
                               "seconds": 0.0, "removed_by_reason": {}, "examples": {}, "stats": {},
                               "shards": []}
+    report["reused_shards"] = 0
     for r in results:
         for k in ("input_docs", "kept_docs", "removed_docs", "bytes_in", "bytes_out", "chars_in", "chars_out"):
             report[k] += getattr(r, k)
-        report["seconds"] += r.seconds
+        # a shard reused from an earlier run cost nothing now: its stored seconds are not this run's
+        report["seconds"] += 0.0 if r.skipped else r.seconds
+        report["reused_shards"] += int(r.skipped)
         for reason, n in r.removed_by_reason.items():
             report["removed_by_reason"][reason] = report["removed_by_reason"].get(reason, 0) + n
         for reason, ex in r.examples.items():
@@ -420,9 +430,10 @@ def run_pipeline(refs: list[StageRef], shards: list[Shard], phases=None, fuse: b
     reports: dict[str, dict] = {}
     prev_kept = sum(s.rows for s in shards)
     for segment in segments(refs, fuse, keep_intermediate):
-        run = run_segment(segment, [s for s in shards if s.rows > 0], phases, progress)
+        run = run_segment(segment, [s for s in shards if s.rows > 0], phases, progress, prev_kept)
         for ref in segment.refs:
             report = run.reports[ref.name]
+            progress.finish(ref.name, report)
             if report["input_docs"] != prev_kept:
                 raise AssertionError(f"{ref.name}: read {report['input_docs']} documents, the stage before kept {prev_kept}")
             prev_kept = report["kept_docs"]

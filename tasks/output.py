@@ -23,6 +23,7 @@ class OutputConfig(BaseModel):
     shard_mb: float = Field(128.0, gt=0, description="target size of one curated shard (text bytes)")
     batch_rows: int = Field(2000, gt=0)
     sort_by: str | None = Field(None, description="write in ascending order of this column within each source (curriculum), e.g. ppl_wayra")
+    license: str | None = Field(None, description="licence field of the dataset card OUT/README.md (a Hub licence id, e.g. cc-by-4.0); null: other")
 
 
 def unify_schema(shards: list[Shard]) -> pa.Schema | None:
@@ -57,9 +58,17 @@ def _batches(shards: list[Shard], schema: pa.Schema, cfg: OutputConfig):
         yield table.slice(i, cfg.batch_rows)
 
 
+def curated_marker(out_dir: Path) -> Path:
+    """The curated parts' reuse marker (fingerprint and part hashes). It sits beside the folder, not
+    in it: `pl.read_parquet("OUT/curated/")` and `load_dataset("parquet", data_dir=...)` read every
+    file of the folder."""
+    return out_dir.with_name(f".{out_dir.name}.json")
+
+
 def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -> list[Shard]:
     out_dir = Path(out_dir)
-    marker = out_dir / "_curated.json"
+    marker = curated_marker(out_dir)
+    (out_dir / "_curated.json").unlink(missing_ok=True)     # where older versions kept it
     fp = sha256_json({"inputs": [s.sha256 for s in shards], "config": cfg.model_dump(mode="json")})
     if marker.exists():
         done = read_json(marker)

@@ -313,6 +313,23 @@ def test_export_matches_transformers(prepared, tmp_path):
     assert gen.shape[1] == ids.shape[1] + 5 or tok.eos_token_id in gen[0].tolist()
     assert isinstance(tok.decode(gen[0]), str)
 
+    # the tokenizer starts every text with BOS, as training did, and knows the model's length
+    assert ids[0, 0].item() == tok.bos_token_id and tok.bos_token_id == ck_tok_bos(run)
+    assert tok.model_max_length == 64
+    # held-out text as training saw a document (BOS + ids + EOS): the loss transformers computes equals
+    # the one our model's loss_sum (what the trainer's evaluation sums) gives, within 1e-4
+    text = "la casa vieja del río tiene una ventana grande y el gato mira el agua"
+    doc = torch.tensor([tok(text)["input_ids"] + [tok.eos_token_id]])
+    with torch.no_grad():
+        s, n = ours.loss_sum(doc[:, :-1], doc[:, 1:])
+        hf_loss = hf(doc, labels=doc).loss.item()
+    assert abs(float(s) / int(n) - hf_loss) < 1e-4, (float(s) / int(n), hf_loss)
+
+
+def ck_tok_bos(run: Path) -> int:
+    from quipu.trainer.tokenizer import TextTokenizer
+    return TextTokenizer.load(json.loads((run / "prepared.json").read_text())["tokenizer"]).bos_id
+
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(prepared, tmp_path):
