@@ -25,7 +25,7 @@ TEXT_FILES = ("en_nltk_abc_news.jsonl", "es_nltk_conll2002_efe_news.jsonl", "pt_
               "en_nltk_webtext.jsonl", "nl_nltk_conll2002_news.jsonl")
 # every kind of stage: per-document (urls, langid, heuristics, terminal_punct, decontam, pii),
 # global (lines, dedup), one that edits text (pii) and one that adds a score column (terminal_punct)
-PIPELINE = {"urls": {}, "langid": {"languages": ["en", "es", "pt"]}, "lines": {"backend": "none", "max_line_count": 3},
+PIPELINE = {"urls": {"blocklist": False}, "langid": {"languages": ["en", "es", "pt"]}, "lines": {"backend": "none", "max_line_count": 3},
             "heuristics": {}, "terminal_punct": {"enabled": True, "threshold": 0.6},
             "dedup": {"backend": "none"}, "decontam": {"benchmarks": ["humaneval"]}, "pii": {}}
 
@@ -117,6 +117,7 @@ def test_fused_run_gives_the_unfused_bytes(extracted, both):
     assert len(list(both["plain"]["dir"].glob("*/kept/*.parquet"))) == sum(len(r["shards"]) for r in plain_reports.values())
 
 
+@pytest.mark.slow
 def test_keep_intermediate_writes_every_stage(extracted, both, tmp_path):
     _, shards = extracted
     run(tmp_path / "keep", shards, fuse=True, keep_intermediate=True)
