@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.tasks import gopher_counts
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -172,6 +173,7 @@ class SharedTokens:
     _memo: dict | None = None        # only touched under _TOKENIZER_LOCK
     _text: str | None = None         # the document being judged
     _docs: dict[str, "DocTokens"] = {}
+    _stats: dict[int, "gopher_counts.WordStats"] = {}   # by id() of a word list in _memo
 
     @classmethod
     def install(cls) -> None:
@@ -197,7 +199,21 @@ class SharedTokens:
 
         split_into_parts.__wrapped__ = uncached
         dt_text.split_into_parts = split_into_parts
+        gopher_counts.install(cls.word_stats)
         cls._installed = True
+
+    @classmethod
+    def word_stats(cls, words) -> "gopher_counts.WordStats | None":
+        """Array form of a word list this class returned for the document being judged (None otherwise)."""
+        if cls._memo is None:
+            return None
+        key = id(words)
+        if key not in cls._stats:
+            if not any(words is v for v in cls._memo.values()):
+                return None
+            cls._stats[key] = gopher_counts.WordStats(words)
+        stats = cls._stats[key]
+        return stats if stats.space_free else None
 
     @classmethod
     def judging(cls, text: str | None) -> None:
@@ -205,6 +221,7 @@ class SharedTokens:
         cls._memo = None if text is None else {}
         cls._text = text
         cls._docs = {}
+        cls._stats = {}
 
     @classmethod
     def parts(cls, text: str, mode: str, language: str, uncached) -> list[str]:
