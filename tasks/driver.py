@@ -191,7 +191,7 @@ class _StageTally:
         return out.kept
 
     def needs_schema(self) -> bool:
-        return self.kept_w is not None and self.kept_w._writer is None
+        return self.kept_w is not None and not self.kept_w.opened
 
     def write_empty(self, empty: pa.Table, shard_plan: Any) -> pa.Table:
         """Give a kept writer that saw no batch the stage's output schema (an empty shard is still a file)."""

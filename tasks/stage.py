@@ -227,6 +227,11 @@ class ShardWriter:
         self._tmp = self._ctx.__enter__()
         self._writer: pq.ParquetWriter | None = None
 
+    @property
+    def opened(self) -> bool:
+        """Whether a first batch (even an empty one) gave the file its schema."""
+        return self._writer is not None
+
     def write(self, table: pa.Table) -> None:
         if self._writer is None:
             self.schema = self.schema or table.schema
