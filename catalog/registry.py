@@ -71,18 +71,21 @@ def latest_run(flow: str, status: str | None = "completed") -> dict | None:
 # ---- datasets and shards ----------------------------------------------------------------------
 
 def register_dataset(name: str, kind: str, path: str, run_id: str | None,
-                     shard_rows: Iterable[dict], info: dict | None = None) -> str:
+                     shard_rows: Iterable[dict], info: dict | None = None, shared_path: bool = False) -> str:
     """`shard_rows`: dicts with path, rows, bytes, sha256. A name is safe path components joined by
     '/' (e.g. `cc-main/quarantine`). Each registration under a name (and kind) is a new version of
     it (1, 2, ...): a curated dataset is the union of its versions, one per curate run into it.
-    Re-registering a path (a rerun into the same output) replaces that version and keeps its number."""
+    Re-registering a path (a rerun into the same output) replaces that version and keeps its number;
+    `shared_path`: the path is a cache several datasets point into (token shards), so only this
+    name's row there is replaced."""
     for part in name.split("/"):
         check_name(part, "dataset name")
     shard_rows = list(shard_rows)
     ds_id = db.new_id("ds")
     t = db.datasets
     with db.engine().begin() as conn:
-        old = conn.execute(sa.select(t.c.id, t.c.name, t.c.version).where(t.c.path == path, t.c.kind == kind)).mappings().all()
+        q = sa.select(t.c.id, t.c.name, t.c.version).where(t.c.path == path, t.c.kind == kind)
+        old = conn.execute(q.where(t.c.name == name) if shared_path else q).mappings().all()
         version = next((o["version"] for o in old if o["name"] == name and o["version"]), None)
         for o in old:
             conn.execute(sa.delete(db.shards).where(db.shards.c.dataset_id == o["id"]))
@@ -265,7 +268,8 @@ def files_pending(location: str | None = None) -> list[dict]:
 
 
 def add_files_pending(location: str, items: Iterable[dict], event_id: str, output: str) -> None:
-    """items: dicts with path, size, mtime, checksum; a path already pending is replaced (attempts + 1)."""
+    """items: dicts with path, size, mtime, checksum; a path already pending is replaced (attempts + 1
+    when it is unchanged)."""
     items = list(items)
     if not items:
         return
@@ -275,13 +279,21 @@ def add_files_pending(location: str, items: Iterable[dict], event_id: str, outpu
         attempts: dict[str, int] = {}
         for i in range(0, len(paths), 500):
             chunk = paths[i:i + 500]
-            for r in conn.execute(sa.select(t.c.path, t.c.attempts).where(t.c.location == location, t.c.path.in_(chunk))):
-                attempts[r.path] = r.attempts or 0
+            for r in conn.execute(sa.select(t.c.path, t.c.attempts, t.c.size, t.c.mtime)
+                                  .where(t.c.location == location, t.c.path.in_(chunk))):
+                attempts[r.path] = (r.attempts or 0, r.size, r.mtime)
             conn.execute(sa.delete(t).where(t.c.location == location, t.c.path.in_(chunk)))
         conn.execute(sa.insert(t), [{"location": location, "path": i["path"], "size": i.get("size"),
                                      "mtime": i.get("mtime"), "checksum": i.get("checksum"), "event_id": event_id,
-                                     "output": output, "announced": db.now(), "attempts": attempts.get(i["path"], 0) + 1}
+                                     "output": output, "announced": db.now(), "attempts": _attempt(attempts.get(i["path"]), i)}
                                     for i in items])
+
+
+def _attempt(before: tuple | None, item: dict) -> int:
+    """1 for a file not tried before or changed since; else one more than before."""
+    if before is None or before[1] != item.get("size") or abs((before[2] or 0.0) - (item.get("mtime") or 0.0)) > 1e-6:
+        return 1
+    return before[0] + 1
 
 
 def drop_files_pending(location: str, paths: Iterable[str]) -> None:
@@ -290,3 +302,14 @@ def drop_files_pending(location: str, paths: Iterable[str]) -> None:
         for i in range(0, len(paths), 500):
             conn.execute(sa.delete(db.files_pending).where(db.files_pending.c.location == location,
                                                            db.files_pending.c.path.in_(paths[i:i + 500])))
+
+
+def requeue_files_pending(location: str, paths: Iterable[str]) -> None:
+    """Pending files whose curate run failed: no longer waiting on a run (announced again), their
+    attempts kept."""
+    paths = list(paths)
+    with db.engine().begin() as conn:
+        for i in range(0, len(paths), 500):
+            conn.execute(sa.update(db.files_pending).where(
+                db.files_pending.c.location == location, db.files_pending.c.path.in_(paths[i:i + 500]))
+                .values(output="", event_id=None))

@@ -47,7 +47,7 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
         return 0
     print(f"{len(result.paths)} new files" + (f" ({result.deferred} more next time)" if result.deferred else ""))
     curate_cfg = load_config(CurateConfig, cfg.curate_config, curate_overrides)
-    curate_cfg = CurateConfig.model_validate({**curate_cfg.model_dump(), "input": result.paths,
+    curate_cfg = CurateConfig.model_validate({**curate_cfg.model_dump(), "input": result.paths, "dataset": cfg.dataset,
                                               "output": incremental_output(cfg, result.paths)})
     rc = run_curate(curate_cfg)
     if rc == 0:

