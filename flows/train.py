@@ -38,8 +38,8 @@ def preflight(config: TrainConfig, pinned: dict[str, list[int]] | None = None) -
 
 
 @task(name="tokenizer", persist_result=False)
-def tokenizer_task(config: TrainConfig, sources: dict[str, list[str]], run_dir: str):
-    tok, fert = build_tokenizer(config.tokenizer, sources, Path(run_dir))
+def tokenizer_task(config: TrainConfig, sources: dict[str, list[dict]], run_dir: str, keep: bool = False):
+    tok, fert = build_tokenizer(config.tokenizer, sources, Path(run_dir), keep)
     return str(tok.path.parent), fert
 
 
@@ -94,7 +94,7 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
     sources = preflight(config, pinned)
     run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))
     try:
-        tok_dir, fert = tokenizer_task(config, sources, str(run_dir))
+        tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
         log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
                  {k: v["tokens_per_word"] for k, v in fert.items()})
         futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}

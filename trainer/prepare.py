@@ -75,9 +75,16 @@ def tokens_dir(run_dir: Path, data: DataConfig) -> Path:
     return Path(data.tokens_dir) if data.tokens_dir else run_dir / "tokens"
 
 
-def build_tokenizer(cfg: TokenizerConfig, sources: dict[str, list[dict]], run_dir: Path) -> tuple[TextTokenizer, dict]:
+def build_tokenizer(cfg: TokenizerConfig, sources: dict[str, list[dict]], run_dir: Path,
+                    keep: bool = False) -> tuple[TextTokenizer, dict]:
+    """The run's tokenizer. `keep` (resuming or continuing a run): the one it was trained with,
+    whatever data has arrived since (a BPE retrained on new versions would change the ids)."""
     all_paths = sorted({sh["path"] for shards in sources.values() for sh in shards})
-    tok = prepare_tokenizer(cfg, all_paths, run_dir / "tokenizer")
+    folder = run_dir / "tokenizer"
+    if keep and (folder / "tokenizer_meta.json").exists():
+        tok = TextTokenizer.load(folder)
+    else:
+        tok = prepare_tokenizer(cfg, all_paths, folder)
     fert = fertility(tok, all_paths, cfg.heldout_every)
     write_json_atomic(run_dir / "tokenizer" / "fertility.json", fert)
     return tok, fert
@@ -90,7 +97,7 @@ def tokenize_source(name: str, shards: list[dict], tok: TextTokenizer, run_dir: 
     markers = tokenize_shards(shards, out, tok, data.workers)
     for m, sh in zip(markers, shards):
         m.update(dataset=sh["dataset"], version=sh["version"], input_sha256=sh["sha256"])
-    register_tokens(f"{name}.tokens", out, markers, tok.sha256, run_id)
+    register_tokens(name.replace("@", ".v").replace("..", "-") + ".tokens", out, markers, tok.sha256, run_id)   # cc.v2-4.tokens
     return markers
 
 
@@ -108,11 +115,12 @@ def write_prepared(run_dir: Path, tok: TextTokenizer, markers: dict[str, list[di
 
 
 def prepare(tokenizer_cfg: TokenizerConfig, data: DataConfig, run_dir: str | Path, run_id: str | None = None,
-            pinned: dict[str, list[int]] | None = None) -> dict:
-    """The whole preparation in one process (torchrun rank 0, tests); the flow runs the same steps as tasks."""
+            pinned: dict[str, list[int]] | None = None, resume: bool = False) -> dict:
+    """The whole preparation in one process (torchrun rank 0, tests); the flow runs the same steps
+    as tasks. `resume`: keep the run's tokenizer; `pinned`: the versions per selection to keep."""
     run_dir = Path(run_dir)
     sources = resolve_sources(data, pinned)
-    tok, fert = build_tokenizer(tokenizer_cfg, sources, run_dir)
+    tok, fert = build_tokenizer(tokenizer_cfg, sources, run_dir, keep=resume)
     markers = {n: tokenize_source(n, p, tok, run_dir, data, run_id) for n, p in sources.items()}
     return write_prepared(run_dir, tok, markers, fert)
 
