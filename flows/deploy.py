@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
+import typing
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pydantic
 import yaml
 
 from quipu.catalog import db
@@ -63,7 +66,7 @@ def _has_template(value) -> bool:
 
 def _validate(entrypoint: str, params: dict, where: str) -> None:
     """The `config` parameter with the flow's config model (errors name the key), then every other
-    concrete parameter against the flow function's signature."""
+    concrete parameter against the flow function's signature (its type hints)."""
     target = CONFIG_MODELS.get(entrypoint)
     if not target:
         raise ConfigError(f"{where}: no config model known for entrypoint {entrypoint} (add it to CONFIG_MODELS)")
@@ -78,12 +81,16 @@ def _validate(entrypoint: str, params: dict, where: str) -> None:
         raise ConfigError(f"{where}: {e}") from None
     others = {k: v for k, v in params.items() if k != "config" and not _has_template(v)}
     file, func = entrypoint.split(":")
-    module_name = file.removesuffix(".py").replace("/", ".")
-    flow_obj = getattr(importlib.import_module(f"quipu.{module_name}"), func)
-    try:
-        flow_obj.validate_parameters({"config": validated, **others})
-    except Exception as e:   # Prefect's ParameterTypeError: the parameter and what was expected
-        raise ConfigError(f"{where}: parameters do not fit flow {flow_obj.name!r}: {e}") from None
+    fn = getattr(importlib.import_module("quipu." + file.removesuffix(".py").replace("/", ".")), func)
+    signature = inspect.signature(getattr(fn, "fn", fn))     # a Prefect flow wraps the function
+    hints = typing.get_type_hints(getattr(fn, "fn", fn))
+    for key, value in others.items():
+        if key not in signature.parameters:
+            raise ConfigError(f"{where}: flow {func} has no parameter {key!r} (it has {', '.join(signature.parameters)})")
+        try:
+            pydantic.TypeAdapter(hints.get(key, typing.Any)).validate_python(value)
+        except pydantic.ValidationError as e:
+            raise ConfigError(f"{where}: parameter {key}: {e.errors()[0]['msg']} (got {value!r})") from None
 
 
 def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check: bool = True) -> tuple[dict, list[str], list[str]]:

@@ -172,7 +172,8 @@ def test_where_pt_es_fifty_fifty_constant_along_a_curriculum(mixed, tmp_path):
         if d in first_pos:
             gaps.append(pos - first_pos[d])
         first_pos[d] = pos
-    assert gaps and min(gaps) == len(es.train_docs)
+    n = len(es.train_docs)      # whole passes: exactly a pass apart; the last (cut) pass, a sample: still far
+    assert gaps and np.median(gaps) == n and min(gaps) > n // 3, (n, sorted(gaps)[:5])
     table = format_blend_report(blend_report([phase]))
     assert f"{name}[lang=pt]" in table and "0.500" in table
 

@@ -134,6 +134,12 @@ def test_prefect_yaml_declares_every_flow_pool_schedules_and_trigger():
     assert trigger["expect"] == ["quipu.data.arrived"]
     # exactly the template, no `| tojson` (double-encodes, and the run is silently not created)
     assert trigger["parameters"]["config"]["input"] == "{{ event.payload.paths }}"
+    assert trigger["parameters"]["config"]["dataset"] == "{{ event.payload.dataset }}"
+    (train_trigger,) = deps["tokenize-train"]["triggers"]
+    assert train_trigger["expect"] == ["quipu.curate.completed"]
+    assert train_trigger["parameters"]["new_version"] == {"dataset": "{{ event.payload.dataset }}",
+                                                          "version": "{{ event.payload.version }}"}
+    assert deps["tokenize-train"]["concurrency_limit"]["limit"] == 1
     def strings(node):
         if isinstance(node, dict):
             return [x for v in node.values() for x in strings(v)]
@@ -169,6 +175,46 @@ def test_resolve_rejects_a_bad_config_before_deploying(tmp_path):
         resolve(spec, ROOT, ["curate"])
     with pytest.raises(ConfigError, match="no deployment named nope"):
         resolve(yaml.safe_load(DEFAULT_FILE.read_text()), ROOT, ["nope"])
+
+
+def test_deploy_dry_run_validates_every_deployment(tmp_path, capsys):
+    """Every deployment points at a config that exists, and its parameters fit its flow."""
+    from quipu.flows.deploy import deploy
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    assert all((ROOT / path).is_file() for path in spec["quipu"]["configs"].values())
+    assert deploy(DEFAULT_FILE, dry_run=True) == 0
+    assert "deployments: watch, curate, quality-train, ppl-distill, tokenize-train" in capsys.readouterr().out
+    resolved, kept, skipped = resolve(spec, ROOT)
+    assert skipped == [] and len(kept) == 5
+    deps = {d["name"]: d for d in resolved["deployments"]}
+    assert deps["tokenize-train"]["parameters"]["config"]["data"]["continual"]["policy"] == "append"
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("missing", r"deployment tokenize-train: config file .*nope.yaml not found"),
+    ("bad-yaml", r"deployment tokenize-train: .*bad.yaml.* not valid YAML"),
+    ("bad-key", r"deployment tokenize-train \(.*bad.yaml\): .*train.max_steps"),
+    ("bad-param", r"deployment tokenize-train \(.*bad.yaml\): parameter resume: Input should be a valid boolean"),
+])
+def test_deploy_dry_run_names_the_file_of_a_bad_config(tmp_path, problem, message):
+    from quipu.flows.deploy import deploy
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    bad = tmp_path / "bad.yaml"
+    good = yaml.safe_load((ROOT / spec["quipu"]["configs"]["tokenize-train"]).read_text())
+    if problem == "missing":
+        spec["quipu"]["configs"]["tokenize-train"] = str(tmp_path / "nope.yaml")
+    else:
+        bad.write_text({"bad-yaml": "train: [unclosed\n",
+                        "bad-key": yaml.safe_dump({**good, "train": {"max_steps": -3}}),
+                        "bad-param": yaml.safe_dump(good)}[problem])
+        spec["quipu"]["configs"]["tokenize-train"] = str(bad)
+    if problem == "bad-param":
+        dep = next(d for d in spec["deployments"] if d["name"] == "tokenize-train")
+        dep["parameters"]["resume"] = {"not": "a bool"}
+    path = tmp_path / "prefect.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=message):
+        deploy(path, dry_run=True)
 
 
 def test_deep_merge():

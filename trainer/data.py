@@ -309,7 +309,8 @@ class PhaseStream:
 
 def source_passes(src: SourceData, need: int, order: str, seed: int, phase_idx: int) -> np.ndarray:
     """`src`'s documents for one phase: passes (per epoch, and per dup_count round within it), each
-    shuffled or sorted easy → hard, until `need` tokens are covered (the last pass is cut)."""
+    shuffled or sorted easy → hard, until `need` tokens are covered (the last pass is a random
+    sample of the pass, then ordered like the others)."""
     lens_all = src.train.doc_len
     copies = src.copies if src.copies is not None else np.ones(len(src.train_docs), dtype=np.int64)
     rounds = int(copies.max()) if len(copies) else 1
@@ -322,11 +323,12 @@ def source_passes(src: SourceData, need: int, order: str, seed: int, phase_idx: 
             continue
         rng = np.random.default_rng([seed, phase_idx, _stable(src.name), epoch, rnd])
         docs = docs[rng.permutation(len(docs))]
-        if order == "ppl_wayra":   # stable: ties keep the random order
-            docs = docs[np.argsort(src.train.doc_ppl[docs], kind="stable")]
         cum = np.cumsum(lens_all[docs])
         cut = min(int(np.searchsorted(cum, need - taken, side="left")) + 1, len(docs))
-        picked.append(docs[:cut])
+        docs = docs[:cut]        # a cut pass is a random sample: the curriculum orders it, it does not pick the easy ones
+        if order == "ppl_wayra":   # stable: ties keep the random order
+            docs = docs[np.argsort(src.train.doc_ppl[docs], kind="stable")]
+        picked.append(docs)
         taken += int(cum[cut - 1])
     return np.concatenate(picked) if picked else np.zeros(0, np.int64)
 
