@@ -92,9 +92,9 @@ def cmd_catalog_ls(args) -> int:
         for r in registry.list_runs(args.limit):
             print(f"  {r['id']:<40} {r['flow']:<16} {r['status']:<10} {r['started']:%Y-%m-%d %H:%M}  {r['output'] or ''}")
     if what in ("all", "datasets"):
+        from quipu.catalog.versions import format_datasets
         print("DATASETS")
-        for d in registry.list_datasets():
-            print(f"  {d['name']:<32} {d['kind']:<12} rows={d['rows']:<9} bytes={d['bytes']:<11} {d['path']}")
+        print(format_datasets())   # a curated dataset: one line per version (documents, tokens, run)
     if what in ("all", "models"):
         print("MODELS")
         for m in registry.list_models():

@@ -75,6 +75,41 @@ def test_watch_marker_files_and_partial_names(tmp_path):
         assert not is_candidate(str(tmp_path / name), cfg), name
 
 
+def test_announced_files_wait_for_their_curate_run(tmp_path, monkeypatch):
+    """Announced files are pending, not seen: a completed run marks them seen; a failed one puts
+    them back (announced again, attempts counted) until `max_attempts`. (The Prefect lookup of the
+    run's state is replaced here; tests/test_chain.py kills a real run on a real server.)"""
+    import quipu.flows.watch as watch_mod
+    from quipu.catalog import registry
+    cfg = _cfg(tmp_path, max_attempts=2)
+    a = _write(tmp_path / "raw" / "a.jsonl")
+    states = {}
+    monkeypatch.setattr(watch_mod, "curate_run_state", lambda output, since: states.get(output, (None, None)))
+
+    first = scan(cfg)
+    watch_mod.mark_pending(first, "event-1", "/runs/inc-1")
+    assert scan(cfg).paths == [] and scan(cfg).pending == 1          # not announced twice while its run goes on
+    assert watch_mod.settle_pending(cfg) == {"seen": 0, "retry": 0, "waiting": 1, "gave_up": 0}
+    states["/runs/inc-1"] = ("CRASHED", "run-1")
+    assert watch_mod.settle_pending(cfg)["retry"] == 1
+    again = scan(cfg)
+    assert again.paths == [str(a)]                                   # the crashed run's file comes back
+    watch_mod.mark_pending(again, "event-2", "/runs/inc-2")
+    assert registry.files_pending(str(tmp_path / "raw"))[0]["attempts"] == 2
+    states["/runs/inc-2"] = ("FAILED", "run-2")
+    assert watch_mod.settle_pending(cfg)["gave_up"] == 1             # max_attempts: left until the file changes
+    assert scan(cfg).paths == []
+    _write(a, '{"id": "a", "text": "fixed"}\n')
+    fixed = scan(cfg)
+    assert fixed.paths == [str(a)]
+    watch_mod.mark_pending(fixed, "event-3", "/runs/inc-3")
+    assert registry.files_pending(str(tmp_path / "raw"))[0]["attempts"] == 1
+    states["/runs/inc-3"] = ("COMPLETED", "run-3")
+    assert watch_mod.settle_pending(cfg)["seen"] == 1
+    assert registry.files_seen(str(tmp_path / "raw"))[str(a)]["run_id"] == "run-3"
+    assert registry.files_pending(str(tmp_path / "raw")) == [] and scan(cfg).unchanged == 1
+
+
 def test_ready_files_needs_same_size_and_mtime():
     cfg = WatchConfig()
     first = {"/d/a.jsonl": (10, 1.0), "/d/b.jsonl": (10, 1.0)}
