@@ -59,10 +59,12 @@ def get_run(run_id_or_output: str) -> dict | None:
         return dict(row) if row else None
 
 
-def latest_run(flow: str, status: str | None = "completed") -> dict | None:
+def latest_run(flow: str, status: str | None = "completed", output: str | None = None) -> dict | None:
     q = sa.select(db.runs).where(db.runs.c.flow == flow)
     if status:
         q = q.where(db.runs.c.status == status)
+    if output:
+        q = q.where(db.runs.c.output == output)
     with db.engine().connect() as conn:
         row = conn.execute(q.order_by(db.runs.c.started.desc())).mappings().first()
         return dict(row) if row else None

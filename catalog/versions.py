@@ -61,3 +61,14 @@ def format_datasets(kind: str | None = None) -> str:
             lines.append(f"    v{r.get('version') or '?':<4} docs={r['rows'] or 0:<10,} tokens={'-' if t is None else format(t, ','):<13} "
                          f"{r['created']:%Y-%m-%d %H:%M}  run={r['run_id'] or '-'}  {r['path']}")
     return "\n".join(lines)
+
+
+def version_lineage(name: str, kind: str = "curated") -> list[dict]:
+    """Every version of a dataset with the run that added it and that run's inputs (`catalog show`)."""
+    out = []
+    for v in registry.dataset_versions(name, kind):
+        inputs = [r["path"] for r in registry.get_lineage(v["run_id"]) if r["direction"] == "input"] if v["run_id"] else []
+        out.append({"version": v["version"], "documents": v["rows"], "tokens": json.loads(v["info"] or "{}").get("tokens"),
+                    "created": v["created"], "run_id": v["run_id"], "path": v["path"], "inputs": inputs,
+                    "shards": [s["path"] for s in v["shards"]]})
+    return out

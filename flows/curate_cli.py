@@ -112,6 +112,8 @@ def cmd_catalog_show(args) -> int:
         ds = registry.get_dataset(args.run)
         if ds is None:
             raise UserError(f"no run or dataset named {args.run!r} in the catalog")
+        from quipu.catalog.versions import version_lineage
+        ds["versions"] = version_lineage(ds["name"], ds["kind"])   # every version: its run and that run's inputs
         print(json.dumps(ds, indent=2, default=str))
         return 0
     run["config"] = json.loads(run["config"] or "{}")

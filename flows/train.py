@@ -80,12 +80,19 @@ def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVe
         registry.mark_stale_runs_crashed("tokenize-train", output=str(run_dir))
         pinned = pinned_versions(run_dir) if resume else None     # a plain resume keeps its data
         if new_version is not None:
-            config, resume_or_reason = continual.continue_with(config, run_dir, new_version, pinned_versions(run_dir))
+            config, resume_or_reason = continual.continue_with(config, run_dir, new_version, trained_versions(run_dir))
             if config is None:
                 get_run_logger().info("nothing to train: %s", resume_or_reason)
                 return {"skipped": resume_or_reason}
             resume, pinned = resume_or_reason, None
         return _tokenize_train(config, resume, run_dir, pinned, new_version)
+
+
+def trained_versions(run_dir: Path) -> dict[str, list[int]] | None:
+    """The versions the last completed training run in `run_dir` read (a failed one does not count)."""
+    import json
+    run = registry.latest_run("tokenize-train", "completed", str(run_dir))
+    return json.loads(run["summary"]).get("versions") if run and run.get("summary") else None
 
 
 def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, new_version) -> dict:
@@ -97,8 +104,9 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
         log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
                  {k: v["tokens_per_word"] for k, v in fert.items()})
-        futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
-        markers = {n: f.result() for n, f in futures.items()}
+        # one selection after another (each tokenizes its shards in parallel): selections that share
+        # shards (cc-main and cc-main@3) find them done
+        markers = {n: tokenize_task(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
         from quipu.trainer.tokenizer import TextTokenizer
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():

@@ -84,3 +84,18 @@ def domain_report(results: Iterable, top: int = TOP) -> dict:
         counter.add_shard(r.kept.path, 0)
         counter.add_shard(r.removed.path, 1)
     return counter.report(top)
+
+
+def domain_markdown(domains: dict, top: int = 10) -> str:
+    """The `domains` block as markdown tables (the stage's Prefect artifact)."""
+    lines = ["## Domains", "", f"{domains['distinct_domains']:,} registered domains, {domains['distinct_tlds']:,} TLDs"
+             + ("" if domains.get("exact", True) else f" (counts low by at most {domains['max_error']:,})"), ""]
+    for title, key, label in (("removed", "top_domains_removed", "domain"), ("kept", "top_domains_kept", "domain"),
+                              ("removed", "top_tlds_removed", "tld"), ("kept", "top_tlds_kept", "tld")):
+        rows = domains.get(key, [])[:top]
+        if not rows:
+            continue
+        lines += [f"**top {label}s by documents {title}**", "", f"| {label} | kept | removed | removed % |", "|---|---:|---:|---:|"]
+        lines += [f"| {r[label]} | {r['kept']:,} | {r['removed']:,} | {100 * r['removed_fraction']:.1f} |" for r in rows]
+        lines.append("")
+    return "\n".join(lines)

@@ -108,6 +108,8 @@ def test_versions_are_selected_and_listed(mixed, tmp_path):
     # prepared.json names every curated shard read, with its version; catalog ls shows each version
     listed = {(s["version"], s["path"]) for s in mixed["prepared"]["curated_shards"]}
     assert listed == {(v, p) for v, ps in shards.items() for p in ps}
+    from quipu.catalog.versions import version_lineage
+    assert [(v["version"], v["shards"]) for v in version_lineage(name)] == [(v, shards[v]) for v in (1, 2, 3)]
     table = format_datasets(kind="curated")
     assert f"  {name}" in table and "versions=3" in table
     assert all(f"v{v} " in table for v in (1, 2, 3))
