@@ -109,7 +109,7 @@ def host_of(url: str) -> str:
     return host.rsplit("@", 1)[-1].split(":", 1)[0]
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=1 << 18)   # ~50 MB at most; every stage's report looks the same hosts up
 def host_domain(host: str) -> tuple[str | None, str | None]:
     """(registered domain, top-level domain) of a host: `news.bbc.co.uk` -> (bbc.co.uk, uk),
     `www.folha.uol.com.br` -> (uol.com.br, br); an IP address: (the address, None); a host
