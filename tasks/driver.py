@@ -230,7 +230,7 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
     report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
     report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans else None, plan, committed)
-    report["domains"] = domain_report(results)   # top sites and TLDs kept and removed
+    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
     return results, report
 
 

@@ -153,6 +153,7 @@ def test_where_pt_es_fifty_fifty_constant_along_a_curriculum(mixed, tmp_path):
     shares = np.array(shares)
     total = phase.source_tokens(0, cfg.train.max_steps * tokens_per_step + 1)
     assert abs(total[0] / total.sum() - 0.5) < 0.01
+    print(f"pt token share: overall {total[0] / total.sum():.4f}; per {window}-step window {np.round(shares, 4).tolist()}")
     assert np.all(np.abs(shares - 0.5) < 0.01), shares         # constant along the run
     # the same documents sorted easy -> hard across sources (the old global curriculum) drift
     lens = np.diff(np.concatenate([[0], phase.ends]))
@@ -291,11 +292,16 @@ def test_stage_report_has_top_domains_kept_and_removed(tmp_path):
     assert [t["tld"] for t in d["top_tlds_kept"]] == ["br", "uk"] and d["no_domain"] == {"kept": 1, "removed": 0}
 
 
-def test_domain_counter_memory_is_bounded():
-    from quipu.tasks.domain_stats import DomainCounter
-    c = DomainCounter(max_tracked=100)
+def test_domain_counts_memory_is_bounded(tmp_path):
+    from quipu.tasks.domain_stats import StageDomains
+    p = tmp_path / "in.parquet"
     urls = [f"https://site{i}.com/" for i in range(1000)] + ["https://big.org/"] * 50
-    c.add_urls(pa.array(urls), 0)
-    r = c.report(top=3)
-    assert len(c.domains) <= 100 and not r["exact"] and r["max_error"] == 1
-    assert r["top_domains_kept"][0]["domain"] == "big.org" and r["top_domains_kept"][0]["kept"] == 50
+    pq.write_table(pa.table({"url": urls}), p)
+    removed = tmp_path / "removed.parquet"
+    pq.write_table(pa.table({"url": ["https://big.org/"] * 10}), removed)
+    from types import SimpleNamespace
+    counts = StageDomains([str(p)], max_tracked=100)
+    r = counts.after([SimpleNamespace(removed=SimpleNamespace(path=str(removed)))])   # a stage's shard result
+    assert len(counts.domains) <= 100 and not r["exact"] and r["max_error"] == 1
+    assert r["kept_docs"] == 1040 and r["removed_docs"] == 10
+    assert r["top_domains_kept"][0] == {"domain": "big.org", "kept": 40, "removed": 10, "removed_fraction": 0.2}
