@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
-from quipu.tasks.domain_stats import domain_report
 from quipu.tasks.stage import Outcome, RunContext, Shard, ShardResult, ShardWriter, Stage, StageConfig, snippet
 
 EXAMPLES_PER_REASON = 3
@@ -226,11 +225,12 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     committed = phases.commit(ref, scans, plan)
     commit_s = time.perf_counter() - t0
     report = aggregate(stage.name, results)
+    from quipu.tasks.domain_stats import domain_report
+    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
     # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
     report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
     report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans else None, plan, committed)
-    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
     return results, report
 
 
