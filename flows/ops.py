@@ -25,7 +25,9 @@ def cmd_watch(args) -> int:
     if not args.once:
         from quipu.flows.watch import watch
         out = watch(cfg)
-        print(f"new files: {out['new']}  still being written: {len(out['unsettled'])}  unchanged: {out['unchanged']}")
+        print(f"new files: {out['new']}  still being written: {len(out['unsettled'])}  unchanged: {out['unchanged']}  "
+              f"waiting for their curate run: {out['pending']}  (this look: {out['settled']['seen']} seen, "
+              f"{out['settled']['retry']} announced again after a failed run)")
         if out.get("event_id"):
             print(f"event quipu.data.arrived {out['event_id']} → curate output {out['output']}")
         return 0

@@ -306,3 +306,18 @@ def test_domain_counts_memory_is_bounded(tmp_path):
     assert len(counts.domains) <= 100 and not r["exact"] and r["max_error"] == 1
     assert r["kept_docs"] == 1040 and r["removed_docs"] == 10
     assert r["top_domains_kept"][0] == {"domain": "big.org", "kept": 40, "removed": 10, "removed_fraction": 0.2}
+
+
+def test_version_tokens_are_counted_exactly_or_on_a_sample(tmp_path):
+    """The tokens `quipu catalog ls` and the curate event report: SmolLM2's tokenizer, every document
+    of a small version, an even sample (scaled by text bytes) of a large one."""
+    from quipu.trainer.tokenize import count_tokens, reference_tokenizer
+    rows = docs(60, 11, "es") + docs(60, 12, "pt", long_every=5)
+    p = tmp_path / "v.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), p)
+    exact = count_tokens([str(p)])
+    tok = reference_tokenizer()
+    assert exact["exact"] and exact["tokens"] == sum(len(tok.encode(r["text"], add_special_tokens=False).ids) for r in rows)
+    sampled = count_tokens([str(p)], sample_docs=20)
+    assert not sampled["exact"] and sampled["sampled_docs"] == 20 and sampled["documents"] == 120
+    assert abs(sampled["tokens"] - exact["tokens"]) / exact["tokens"] < 0.1
