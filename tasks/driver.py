@@ -227,6 +227,8 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     committed = phases.commit(ref, scans, plan)
     commit_s = time.perf_counter() - t0
     report = aggregate(stage.name, results)
+    from quipu.tasks.domain_stats import domain_report
+    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
     # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
     report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
