@@ -84,6 +84,8 @@ def check_free(run_dir: str | os.PathLike) -> None:
     existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise UserError(f"output {run_dir}: {existing} is a file, not a folder")
+    if existing is not None and os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise UserError(f"output {run_dir}: {existing} is on a read-only file system; earlier outputs are left as they were")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output {run_dir}: cannot write in {existing} (permission denied)")
     lock = run_dir / LOCK_NAME

@@ -249,6 +249,8 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
         summary["disk"] = {**disk_footprint(config.context(), summary), "released": freed}
         write_json_atomic(config.context().summary, summary)
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
+    from quipu.flows.events import curate_completed
+    summary["event"] = curate_completed(summary, log)   # quipu.curate.completed: the trigger that trains on it
     return summary
 
 

@@ -129,9 +129,9 @@ def cmd_catalog_ls(args) -> int:
         for r in registry.list_runs(args.limit):
             print(f"  {r['id']:<40} {r['flow']:<16} {r['status']:<10} {r['started']:%Y-%m-%d %H:%M}  {r['output'] or ''}")
     if what in ("all", "datasets"):
+        from quipu.catalog.versions import format_datasets
         print("DATASETS")
-        for d in registry.list_datasets():
-            print(f"  {d['name']:<32} {d['kind']:<12} rows={d['rows']:<9} bytes={d['bytes']:<11} {d['path']}")
+        print(format_datasets())   # a curated dataset: one line per version (documents, tokens, run)
     if what in ("all", "models"):
         print("MODELS")
         for m in registry.list_models():
@@ -149,6 +149,8 @@ def cmd_catalog_show(args) -> int:
         ds = registry.get_dataset(args.run)
         if ds is None:
             raise UserError(f"no run or dataset named {args.run!r} in the catalog")
+        from quipu.catalog.versions import version_lineage
+        ds["versions"] = version_lineage(ds["name"], ds["kind"])   # every version: its run and that run's inputs
         print(json.dumps(ds, indent=2, default=str))
         return 0
     run["config"] = json.loads(run["config"] or "{}")

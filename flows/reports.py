@@ -89,6 +89,9 @@ def stage_markdown(report: dict) -> str:
     if report.get("quarantined"):
         lines += ["## Quarantine", "", f"{report['quarantined']} records or file parts could not be read:", ""]
         lines += [f"- {r}: {n}" for r, n in report.get("quarantine_by_reason", {}).items()]
+    if report.get("domains"):   # top sites and TLDs kept and removed (tasks/domain_stats.py)
+        from quipu.tasks.domain_stats import domain_markdown
+        lines += ["", domain_markdown(report["domains"])]
     if report.get("stats"):
         lines += ["", "## Stage statistics", "", "```json", json.dumps(report["stats"], indent=1)[:4000], "```"]
     return "\n".join(lines)

@@ -364,11 +364,14 @@ def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Pr
     per_shard = phases.process(segment, shards, plans, progress)
     results = {st.name: [r[i] for r in per_shard] for i, st in enumerate(stages)}
     reports = {}
+    from quipu.tasks.domain_stats import StageDomains
+    domains = StageDomains([s.path for s in shards])   # the segment's input once, then each stage's removed rows
     for i, (ref, st) in enumerate(zip(segment.refs, stages)):
         t0 = time.perf_counter()
         stage_scans = scans if i == 0 else None
         committed = phases.commit(ref, stage_scans, plans[i])
         report = aggregate(st.name, results[st.name])
+        report["domains"] = domains.after(results[st.name])   # top sites and TLDs kept and removed
         # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
         extra = (sum(s.seconds for s in scans) if scans else 0.0) + plan_s if i == 0 else 0.0
         report["seconds"] = round(report["seconds"] + extra + time.perf_counter() - t0, 3)

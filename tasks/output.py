@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.tasks.stage import Shard, ShardWriter
+from quipu.tasks.urls import with_url_columns
 
 
 class OutputConfig(BaseModel):
@@ -84,8 +85,9 @@ def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -
         for batch in _batches(shards, schema, cfg):
             if batch.num_rows == 0:
                 continue
+            batch = with_url_columns(batch)   # `domain`, `tld`: a blend's `where` can weight by site
             if writer is None:
-                writer = ShardWriter(out_dir / f"part-{len(parts):05d}.parquet", schema)
+                writer = ShardWriter(out_dir / f"part-{len(parts):05d}.parquet", batch.schema)
             writer.write(batch)
             size += int(pc.sum(pc.binary_length(batch.column("text"))).as_py() or 0)
             if size >= target:
