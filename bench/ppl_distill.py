@@ -74,6 +74,29 @@ def pooled(pred_files: list[Path]) -> dict:
     return out
 
 
+def window_curve(rows: list[dict], max_tokens: int, windows=(16, 32, 64, 96)) -> dict:
+    """How well the teacher's log-perplexity over its first W tokens ranks documents like its
+    log-perplexity over all `max_tokens` (prefix means of the cached per-token NLLs; the teacher is
+    causal, so they are what it gives a W-token window): the best a student reading W tokens can do."""
+    from quipu.catalog.registry import kv_get_many
+    from quipu.trainer.teacher import LABEL_NAMESPACE, label_key, resolve_teacher_path, teacher_fingerprint
+    from quipu.trainer.wayra_train import spearman
+    fp = teacher_fingerprint(resolve_teacher_path(None))
+    keys = {label_key(fp, max_tokens, r["text"]): r for r in rows}
+    got = kv_get_many(f"{LABEL_NAMESPACE}:tokens", sorted(keys))
+    full = {k: sum(v) / len(v) for k, v in got.items() if v}
+    out = {"n": len(full)}
+    for w in windows:
+        ks = [k for k in full]
+        part = [sum(got[k][:w]) / len(got[k][:w]) for k in ks]
+        out[f"rho_{w}_vs_{max_tokens}"] = round(spearman(part, [full[k] for k in ks]), 4)
+        for lang in ("en", "es", "pt"):
+            lk = [i for i, k in enumerate(ks) if keys[k]["lang"] == lang]
+            out.setdefault("by_lang", {}).setdefault(lang, {})[f"rho_{w}"] = round(
+                spearman([part[i] for i in lk], [full[ks[i]] for i in lk]), 4)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="shipped", help="variant name (output folder)")
@@ -87,6 +110,10 @@ def main() -> None:
     ap.add_argument("--final", action="store_true", help="also distil on all sources and time it against the teacher")
     ap.add_argument("--timing-input", default=None, help="documents for the timing run (default: labelled-all.jsonl)")
     ap.add_argument("--skip-sources", action="store_true", help="reuse bench/out/ppl/sources.jsonl")
+    ap.add_argument("--skip-label", action="store_true", help="labels are cached already (labelled elsewhere)")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="no distillation: pool the folds' predictions already written for this variant "
+                         "(after running folds as separate processes with --folds)")
     args = ap.parse_args()
     os.environ.setdefault("QUIPU_HOME", str(ROOT / "bench" / "out" / "quipu"))
     threads = os.environ.get("BENCH_THREADS", "2")
@@ -99,7 +126,8 @@ def main() -> None:
     sets = [x for s in args.set for x in ("--set", s)]
     common = ["--set", f"train.threads={threads}", "--set", f"teacher.threads={threads}",
               "--set", "label_docs=1000000"]
-    sh(QUIPU + ["ppl", "label", args.config, "--input", str(OUT / "labelled-all.jsonl")] + common + sets)
+    if not (args.skip_label or args.pool_only):
+        sh(QUIPU + ["ppl", "label", args.config, "--input", str(OUT / "labelled-all.jsonl")] + common + sets)
     var = OUT / args.name
     var.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -112,7 +140,7 @@ def main() -> None:
         sh(cmd + common + sets + list(extra))
 
     preds = []
-    for k in folds:
+    for k in ([] if args.pool_only else folds):
         others = [f for f in folds_all(rows) if f != k]
         train = [OUT / f"labelled-{j}.jsonl" for j in others]
         unl = [OUT / f"unlabelled-{j}.jsonl" for j in others]
@@ -122,15 +150,24 @@ def main() -> None:
             assistant = ROOT / "runs" / f"ppl-loso-{args.name}-assistant-{k}"
             distill(k, train, unl, assistant, config=args.assistant_config)
             extra = ["--set", f"assistant={assistant}"]
+            # the assistant is a variant of its own: its held-out figures come for the price of an eval
+            sh(QUIPU + ["ppl", "eval", "--student", str(assistant), "--input", str(OUT / f"labelled-{k}.jsonl"),
+                        "--threads", threads, "--timing-docs", "8", "--rounds", "1",
+                        "--predictions", str(var / f"assistant-pred-{k}.jsonl"),
+                        "--out", str(var / f"assistant-eval-{k}.json")])
         distill(k, train, unl, student, extra=extra)
         sh(QUIPU + ["ppl", "eval", "--student", str(student), "--input", str(OUT / f"labelled-{k}.jsonl"),
                     "--threads", threads, "--timing-docs", "16", "--rounds", "2",
                     "--predictions", str(var / f"pred-{k}.jsonl"), "--out", str(var / f"eval-{k}.json")])
-        preds.append(var / f"pred-{k}.jsonl")
+    preds = [var / f"pred-{k}.jsonl" for k in folds_all(rows) if (var / f"pred-{k}.jsonl").exists()]
+    folds = [k for k in folds_all(rows) if (var / f"pred-{k}.jsonl").exists()]
     result = {"variant": args.name, "config": args.config, "set": args.set, "rounds": args.rounds,
               "assistant_config": args.assistant_config, "folds": folds, "loso": pooled(preds),
               "per_fold": {k: json.loads((var / f"eval-{k}.json").read_text()) for k in folds},
               "seconds": round(time.time() - t0)}
+    assisted = [var / f"assistant-pred-{k}.jsonl" for k in folds if (var / f"assistant-pred-{k}.jsonl").exists()]
+    if assisted:
+        result["assistant_loso"] = pooled(assisted)
     if args.final:
         student = ROOT / "runs" / "ppl-student-shared"
         extra = []
@@ -146,6 +183,10 @@ def main() -> None:
                     "--out", str(var / "timing.json")], lock=True)
         sh(["uptime"])
         result["final"] = json.loads((var / "timing.json").read_text())
+    from quipu.flows.config import load_config
+    from quipu.flows.ppl import PplConfig
+    window = load_config(PplConfig, args.config, args.set).teacher.max_tokens
+    result["teacher_window_curve"] = window_curve([r for r in rows if r["round"] < args.rounds], window)
     from quipu.catalog.files import write_json_atomic
     write_json_atomic(var / "loso.json", result)
     show = {k: v for k, v in result.items() if k != "per_fold"}

@@ -74,6 +74,11 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def label_key(fingerprint: str, max_tokens: int, text: str) -> str:
+    """The catalog key of a teacher's label: (teacher weights, window, text)."""
+    return f"{fingerprint}:{max_tokens}:{text_hash(text)}"
+
+
 @dataclass
 class TeacherSettings:
     max_tokens: int = 512
@@ -120,7 +125,7 @@ class Teacher:
         return model, tok
 
     def cache_key(self, text: str) -> str:
-        return f"{self.fingerprint}:{self.settings.max_tokens}:{text_hash(text)}"
+        return label_key(self.fingerprint, self.settings.max_tokens, text)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids with a leading BOS (so the first real token is scored too), cut at max_tokens."""
