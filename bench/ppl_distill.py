@@ -107,7 +107,9 @@ def main() -> None:
     ap.add_argument("--folds", default="", help="only these folds (comma-separated), e.g. 1 for a quick screen")
     ap.add_argument("--assistant-config", help="distil an assistant with this config first (per fold), "
                                                "then the student with `assistant` set to it")
-    ap.add_argument("--final", action="store_true", help="also distil on all sources and time it against the teacher")
+    ap.add_argument("--final", action="store_true", help="also distil the shipped student on all sources")
+    ap.add_argument("--timing", action="store_true", help="time the shipped student against the teacher (one run)")
+    ap.add_argument("--no-loso", action="store_true", help="skip the per-fold students (e.g. --final in its own process)")
     ap.add_argument("--timing-input", default=None, help="documents for the timing run (default: labelled-all.jsonl)")
     ap.add_argument("--skip-sources", action="store_true", help="reuse bench/out/ppl/sources.jsonl")
     ap.add_argument("--skip-label", action="store_true", help="labels are cached already (labelled elsewhere)")
@@ -140,7 +142,7 @@ def main() -> None:
         sh(cmd + common + sets + list(extra))
 
     preds = []
-    for k in ([] if args.pool_only else folds):
+    for k in ([] if args.pool_only or args.no_loso else folds):
         others = [f for f in folds_all(rows) if f != k]
         train = [OUT / f"labelled-{j}.jsonl" for j in others]
         unl = [OUT / f"unlabelled-{j}.jsonl" for j in others]
@@ -168,8 +170,8 @@ def main() -> None:
     assisted = [var / f"assistant-pred-{k}.jsonl" for k in folds if (var / f"assistant-pred-{k}.jsonl").exists()]
     if assisted:
         result["assistant_loso"] = pooled(assisted)
+    student = ROOT / "runs" / "ppl-student-shared"
     if args.final:
-        student = ROOT / "runs" / "ppl-student-shared"
         extra = []
         if args.assistant_config:
             assistant = ROOT / "runs" / "ppl-student-shared-assistant"
@@ -177,6 +179,7 @@ def main() -> None:
                     config=args.assistant_config)
             extra = ["--set", f"assistant={assistant}"]
         distill("all", [OUT / "labelled-all.jsonl"], [OUT / "unlabelled-all.jsonl"], student, extra=extra)
+    if args.timing:
         sh(["uptime"])
         sh(QUIPU + ["ppl", "eval", "--student", str(student), "--input", args.timing_input or str(OUT / "labelled-all.jsonl"),
                     "--threads", threads, "--timing-docs", os.environ.get("BENCH_TIMING_DOCS", "96"), "--rounds", "3",
@@ -188,7 +191,7 @@ def main() -> None:
     window = load_config(PplConfig, args.config, args.set).teacher.max_tokens
     result["teacher_window_curve"] = window_curve([r for r in rows if r["round"] < args.rounds], window)
     from quipu.catalog.files import write_json_atomic
-    write_json_atomic(var / "loso.json", result)
+    write_json_atomic(var / ("final.json" if args.no_loso else "loso.json"), result)
     show = {k: v for k, v in result.items() if k != "per_fold"}
     if "final" in show:
         show["final"] = {k: show["final"][k] for k in ("n", "spearman_student", "teacher_docs_per_s", "student_docs_per_s",

@@ -281,6 +281,30 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
         teacher_body(arch)          # no teacher config: nothing to build the body from
 
 
+def test_lens_feature_student_trains_saves_and_loads(tmp_path, tiny_teacher_dir):
+    """lens_feature: the head also sees each token's tied-embedding score from the previous state."""
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    texts = noisy_texts(200, seed=14)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    labels = [sum(t) / len(t) for t in tokens]
+    arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, d_model=32, max_len=32,
+                     nll_feature=False, lens_feature=True)
+    student, metrics = distill(texts[:160], labels[:160], arch,
+                               DistillSettings(epochs=6, lm_weight=0.0, lr=3e-3, body_lr=1e-3, threads=1, patience=6),
+                               log=lambda m: None, teacher_model=teacher, token_labels=tokens[:160])
+    assert student.model.head[0].in_features == teacher.model.config.hidden_size + 1
+    pred = student.predict_log_ppl(texts[160:])
+    assert spearman(pred, labels[160:]) > 0.8, metrics
+    student.save(tmp_path / "s")
+    assert WayraStudent.load(tmp_path / "s").predict_log_ppl(texts[160:]) == pytest.approx(pred, abs=1e-6)
+    with pytest.raises(ValueError, match="lens_feature needs body: teacher"):
+        WayraArch(tokenizer="teacher", head="token", nll_feature=False, lens_feature=True)
+
+
 def test_assistant_student_labels_unlabelled_text_for_a_smaller_student(tiny_teacher_dir):
     """A (wider) student's per-token predictions are training data for a smaller one: they are in
     nats, one per token after BOS, and the smaller student learns from them (never validated on them)."""

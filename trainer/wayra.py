@@ -111,6 +111,10 @@ class WayraArch(BaseModel):
         "own", description="own: a small transformer of d_model x n_layers trained from scratch; teacher: the teacher's "
                            "embeddings and first teacher_layers decoder layers, fine-tuned (needs tokenizer: teacher)")
     teacher_layers: int = Field(2, ge=1, le=128, description="body: teacher — how many of the teacher's first layers")
+    lens_feature: bool = Field(False, description="body: teacher, head: token — also give the head each token's score "
+                                                  "under the teacher's (tied) embeddings read from the previous "
+                                                  "position's state: a logit lens without the softmax normaliser, "
+                                                  "one dot product per token")
     teacher_config: dict | None = Field(
         None, description="body: teacher — the teacher's HF config, written by distillation so that the student "
                           "loads without the teacher")
@@ -126,6 +130,8 @@ class WayraArch(BaseModel):
             raise ValueError("body: teacher needs tokenizer: teacher (the layers read the teacher's token ids)")
         if self.body == "teacher" and self.nll_feature:
             raise ValueError("body: teacher has no next-token output; set nll_feature: false")
+        if self.lens_feature and (self.body != "teacher" or self.head != "token"):
+            raise ValueError("lens_feature needs body: teacher and head: token")
         return self
 
 
@@ -233,7 +239,7 @@ class WayraModel(nn.Module):
         super().__init__()
         self.arch = a
         self.drop = nn.Dropout(a.dropout)
-        extra = 0 if a.head == "token" else (2 if a.nll_feature else 1)
+        extra = (1 if a.lens_feature else 0) if a.head == "token" else (2 if a.nll_feature else 1)
         if a.body == "teacher":
             self.body = teacher_body(a)
             width = self.body.config.hidden_size
@@ -283,6 +289,11 @@ class WayraModel(nn.Module):
         h = self.hidden(ids, mask)
         m = mask.to(torch.float32)      # sums over a document stay fp32 under bf16 autocast
         if self.arch.head == "token":
+            if self.arch.lens_feature:
+                # score of token j under the state at j - 1 (tied embeddings, no normaliser); 0 at BOS
+                emb = self.body.get_input_embeddings().weight
+                lens = (h[:, :-1] * emb[ids[:, 1:]].to(h.dtype)).sum(-1) / h.shape[-1] ** 0.5
+                h = torch.cat([h, F.pad(lens, (1, 0)).unsqueeze(-1).to(h.dtype)], dim=-1)
             per_token = self.head(h).squeeze(-1).float()
             scored = m.clone()
             scored[:, 0] = 0          # BOS: the teacher scores the tokens after it, not BOS itself
