@@ -366,6 +366,21 @@ def test_device_selection_on_cpu(monkeypatch, tiny_teacher_dir, tiny_student):
         WayraStudent.load(tiny_student[0], quantize=True, device="cuda")
 
 
+def test_eval_window_defaults_to_the_students_own(tmp_path, tiny_student):
+    """`quipu ppl eval` compares with the teacher over the window the student was distilled on."""
+    import shutil
+    from quipu.flows.ppl import student_window
+    d = tmp_path / "s"
+    shutil.copytree(tiny_student[0], d)
+    assert student_window(str(d)) is None                      # document head, no window recorded
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "teacher_max_tokens": 128}))
+    assert student_window(str(d)) == 128
+    (d / "config.json").write_text(json.dumps({**cfg, "arch": {**cfg["arch"], "head": "token", "max_len": 65}}))
+    assert student_window(str(d)) == 64                        # head: token reads BOS + the teacher's tokens
+    assert student_window(str(tmp_path / "missing")) is None
+
+
 def test_length_batches_cap_documents_and_padded_tokens():
     from quipu.trainer.wayra import length_batches
     lengths = [5, 50, 3, 50, 20, 7, 7, 100, 1]
