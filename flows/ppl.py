@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
+from quipu.flows.progress import say
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
@@ -164,10 +165,10 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
                                           if config.lm_input else [])
     unique = {d["text"]: d for d in pool if d["text"] not in labelled}
     rest = seeded_sample(list(unique.values()), config.lm_docs, config.seed)
-    print(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
+    say(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
           f"{len(sample)} of {len(docs)} documents to label")
     token_level = config.student.head == "token"
-    labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=print, tokens=token_level)
+    labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=say, tokens=token_level)
     stats["teacher"] = str(teacher.path)
     stats["teacher_fingerprint"] = teacher.fingerprint
     if config.labels_out:
@@ -215,11 +216,11 @@ def ppl_distill(config: PplConfig) -> dict:
             t0 = time.perf_counter()
             texts = [d["text"] for d in rest]
             assisted = list(zip(texts, assistant.predict_token_nll(texts)))
-            print(f"assistant {assistant.path}: per-token predictions on {len(texts)} unlabelled documents "
+            say(f"assistant {assistant.path}: per-token predictions on {len(texts)} unlabelled documents "
                   f"in {time.perf_counter() - t0:.0f} s")
             rest = []
         student, metrics = distill([d["text"] for d in sample], labels, config.student, config.train,
-                                   unlabelled=[d["text"] for d in rest], log=print,
+                                   unlabelled=[d["text"] for d in rest], log=say,
                                    teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None,
                                    token_labels=token_labels, assisted=assisted)
         meta = {"teacher": label_stats["teacher"], "teacher_fingerprint": label_stats["teacher_fingerprint"],
@@ -260,7 +261,7 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
         if config.max_docs_per_lang:
             mine = mine[:config.max_docs_per_lang]
         if not mine:
-            print(f"kenlm: no {lang} documents, no model")
+            say(f"kenlm: no {lang} documents, no model")
             continue
         n_val = int(len(mine) * config.validation_fraction)
         val, train = mine[:n_val], mine[n_val:]
@@ -273,7 +274,7 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
             f["validation_docs"] = len(val)
             f["validation_geo_mean_ppl"] = round(math.exp(sum(lps) / len(lps)), 3) if lps else None
         facts[lang] = f
-        print(f"kenlm {lang}: {f}")
+        say(f"kenlm {lang}: {f}")
     if not facts:
         raise UserError(f"kenlm: no documents in languages {config.languages}")
     model_id = registry.register_model(config.name, KENLM_KIND, str(out.resolve()), config=config.model_dump(mode="json"),
@@ -327,7 +328,7 @@ def student_window(student_dir: str) -> int | None:
 
 def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenlm: str | None = None,
              timing_docs: int = 64, quantize: bool = False, threads: int | None = None, batch_size: int = 16,
-             log=print, device: str = "cpu", rounds: int = 3, student_max_len: int | None = None,
+             log=say, device: str = "cpu", rounds: int = 3, student_max_len: int | None = None,
              predictions_out: str | None = None) -> dict:
     """Correlations with the teacher on held-out documents (overall, per language, per `source` when the
     documents have one), CCNet bucket agreement, and docs/s of teacher, student and KenLM measured in the

@@ -239,7 +239,8 @@ class LabelCache:
             done += len(ks)
             if log:
                 rate = done / max(time.perf_counter() - t0, 1e-9)
-                log(f"labelled {done}/{len(todo_keys)} new documents ({rate:.2f} docs/s)")
+                eta = (len(todo_keys) - done) / rate
+                log(f"labelled {done}/{len(todo_keys)} new documents ({rate:.2f} docs/s, ETA {eta / 60:.1f} min)")
         seconds = time.perf_counter() - t0
         values = [math.nan if cached.get(k) is None else float(cached[k]) for k in keys]
         stats = {"documents": len(texts), "cached": len(texts) - len(todo_keys),
