@@ -83,12 +83,3 @@ class SortedRun(BaseModel):
         for c in names:
             save_npy(Path(f"{prefix}.{c}.npy"), np.ascontiguousarray(columns[c]))
         return SortedRun(prefix=str(prefix), columns=names, rows=len(columns[names[0]]))
-
-
-def concat_slices(runs: list[SortedRun], lo: int, hi: int, columns: list[str] | None = None) -> dict[str, np.ndarray]:
-    """One partition's rows of several runs, concatenated (not re-sorted)."""
-    parts = [r.slice(lo, hi) for r in runs]
-    names = columns or (runs[0].columns if runs else [])
-    if not parts:
-        return {c: np.empty(0, np.uint64) for c in names}
-    return {c: np.concatenate([p[c] for p in parts]) for c in names}
