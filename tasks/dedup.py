@@ -527,8 +527,10 @@ def plan_partition(sig_results: list[dict], part: dict, ctx: RunContext, cfg: De
         path = d / f"part-{part['p']:04d}.{name}.npy"
         save_npy(path, arr)
         files[name] = {"path": str(path), "sha256": sha256_file(path)}
+    import socket
     result = {"p": part["p"], "lo": lo, "hi": hi, "next_gen": part["next_gen"], "fingerprint": fp,
               "files": files, "stats": stats, "held_bytes": held_bytes,
+              "ran_in": {"host": socket.gethostname(), "pid": os.getpid()},     # which worker planned it
               "seconds": round(time.perf_counter() - t0, 3)}
     write_json_atomic(marker, result)
     return result
@@ -792,9 +794,10 @@ def segment_parts(sig_results: list[dict], plan_result: dict):
         meta = pq.read_table(s["files"]["meta"]["path"], columns=["id", "exact"])
         flat = offs = None
         if o["flat"] is not None:
+            lengths = np.diff(o["offsets"])
             offs = np.zeros(len(rows) + 1, np.int64)
-            np.cumsum(o["offsets"][rows + 1] - o["offsets"][rows], out=offs[1:])
-            flat = np.concatenate([o["flat"][o["offsets"][r]:o["offsets"][r + 1]] for r in rows] or [np.zeros(0, np.uint32)])
+            np.cumsum(lengths[rows], out=offs[1:])
+            flat = np.asarray(o["flat"])[np.repeat(keep, lengths)]
         yield SegmentPart(ids=meta.column("id").take(pa.array(rows)).to_pylist(),
                           exact=meta.column("exact").take(pa.array(rows)).to_pylist(),
                           sigs=np.asarray(o["sig"][rows]), shingles=flat, offsets=offs)
