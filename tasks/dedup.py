@@ -275,6 +275,19 @@ class LocalDocs:
         f, r = self.locate(ref)
         return np.asarray(self._file(f)["sig"][r])
 
+    def signatures(self, refs: np.ndarray) -> np.ndarray:
+        """(len(refs), num_perm): the signatures of many documents, gathered shard by shard."""
+        n = (refs & ~LOCAL_FLAG).astype(np.int64)
+        f = np.searchsorted(self.bases, n, side="right") - 1
+        out = None
+        for k in np.unique(f):
+            sel = np.nonzero(f == k)[0]
+            sig = self._file(int(k))["sig"]
+            if out is None:
+                out = np.empty((len(refs), sig.shape[1]), np.uint32)
+            out[sel] = sig[n[sel] - self.bases[k]]
+        return out if out is not None else np.zeros((0, 0), np.uint32)
+
     def shingles(self, ref: int) -> np.ndarray:
         f, r = self.locate(ref)
         o = self._file(f)
@@ -294,6 +307,17 @@ class Docs:
 
     def signature(self, ref: int) -> np.ndarray:
         return self.local.signature(ref) if ref >= LOCAL else self.index.signature(ref)
+
+    def signatures(self, refs: np.ndarray) -> np.ndarray:
+        local = refs >= LOCAL_FLAG
+        if local.all():
+            return self.local.signatures(refs)
+        out = np.stack([self.signature(int(r)) for r in refs[~local]]) if (~local).any() else None
+        full = np.empty((len(refs), out.shape[1]), np.uint32)
+        full[~local] = out
+        if local.any():
+            full[local] = self.local.signatures(refs[local])
+        return full
 
     def shingle_set(self, ref: int) -> np.ndarray:
         s = self._sets.get(ref)
@@ -401,9 +425,11 @@ def _global_refs(sig_results: list[dict], kind: str, lo: int, hi: int) -> dict[s
     return {c: np.concatenate([p[c] for p in parts]) if parts else np.empty(0, np.uint64) for c in names}
 
 
-def _merge(a: dict[str, np.ndarray], b: dict[str, np.ndarray], order: list[str]) -> dict[str, np.ndarray]:
-    cols = {c: np.concatenate([a[c], b[c]]).astype(np.uint64, copy=False) for c in order}
-    idx = np.lexsort([cols[c] for c in reversed(order)])
+def _merge(local: dict[str, np.ndarray], index: dict[str, np.ndarray], order: list[str]) -> dict[str, np.ndarray]:
+    """Rows sorted by `order`: index rows (smaller refs) first and this run's in ref order, so a
+    stable sort on the other columns leaves equal rows in ref order."""
+    cols = {c: np.concatenate([index[c], local[c]]).astype(np.uint64, copy=False) for c in order}
+    idx = np.lexsort([cols[c] for c in reversed(order[:-1])])
     return {c: v[idx] for c, v in cols.items()}
 
 
@@ -462,8 +488,7 @@ def owned(a: np.ndarray, b: np.ndarray, docs: Docs, cfg: DedupConfig, part: dict
     bands, rows = cfg.lsh_params()
     out = np.zeros(len(a), bool)
     for s in range(0, len(a), 20_000):
-        sa = np.stack([docs.signature(int(x)) for x in a[s:s + 20_000]])
-        sb = np.stack([docs.signature(int(x)) for x in b[s:s + 20_000]])
+        sa, sb = docs.signatures(a[s:s + 20_000]), docs.signatures(b[s:s + 20_000])
         ka, kb = band_keys(sa, bands, rows), band_keys(sb, bands, rows)
         same = ka == kb
         first = np.argmax(same, axis=1)

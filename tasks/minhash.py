@@ -78,7 +78,7 @@ def tokenize(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
     with leading and trailing punctuation/symbols stripped; tokens left empty are dropped."""
     parts = pc.utf8_split_whitespace(pc.utf8_lower(texts))
     flat = pc.utf8_trim(pc.list_flatten(parts), characters=_punctuation())
-    keep = pc.greater(pc.utf8_length(flat), 0)
+    keep = pc.greater(pc.binary_length(flat), 0)
     parent = pc.list_parent_indices(parts).to_numpy(zero_copy_only=False)
     lengths = np.bincount(parent[keep.to_numpy(zero_copy_only=False)], minlength=len(texts)).astype(np.int64)
     return flat.filter(keep), lengths
