@@ -46,7 +46,7 @@ from quipu.tasks.minhash import SHINGLE_HASH, MinHasher, exact_digests, tokenize
 from quipu.tasks.dedup_index import (GEN_SHIFT, LAYOUT, LOCAL_FLAG, SCHEME, BandPart, DedupIndex, FileStore, RedisStore,
                                      SegmentPart, check_params, make_key, ref_key)
 from quipu.tasks.minhash import BAND_HASH, band_keys
-from quipu.tasks.partitions import SortedRun, bounds, n_partitions, partition_of, save_npy
+from quipu.tasks.partitions import NpyRows, SortedRun, bounds, n_partitions, partition_of, save_npy
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Shard, Stage, StageConfig, module_version, snippet
 
@@ -84,7 +84,7 @@ class DedupConfig(StageConfig):
     backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
     index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
     redis: RedisConfig = RedisConfig()
-    partition_rows: int = Field(2_000_000, ge=1000, description="band rows (24 bytes each, this run's and the index's) one plan partition holds: bounds the plan's memory")
+    partition_rows: int = Field(1_000_000, ge=1000, description="band rows (24 bytes each, this run's and the index's) one plan partition holds: bounds the plan's memory (~100 MB per partition task at the default)")
     partitions: int | None = Field(None, ge=1, le=4096, description="plan partitions (parallel tasks); default: band rows / partition_rows, at least 2")
     bucket_cap: int = Field(100, ge=1, description="a document is compared with at most this many earlier distinct documents of one band bucket (huge buckets are templates; each is counted in the report)")
 
@@ -266,17 +266,17 @@ class LocalDocs:
             meta = pq.read_table(files["meta"]["path"], columns=["n_shingles", "offset"])
             n = meta.column("n_shingles").to_numpy()
             o = self._open[f] = {
-                "sig": np.load(files["sig"]["path"], mmap_mode="r"),
-                "flat": np.load(files["shingles"]["path"], mmap_mode="r") if "shingles" in files else None,
+                "sig": NpyRows(files["sig"]["path"]),
+                "flat": NpyRows(files["shingles"]["path"]) if "shingles" in files else None,
                 "offsets": np.append(meta.column("offset").to_numpy(), int(n.sum()) if len(n) else 0)}
         return o
 
     def signature(self, ref: int) -> np.ndarray:
         f, r = self.locate(ref)
-        return np.asarray(self._file(f)["sig"][r])
+        return self._file(f)["sig"].rows(r, r + 1)[0]
 
     def signatures(self, refs: np.ndarray) -> np.ndarray:
-        """(len(refs), num_perm): the signatures of many documents, gathered shard by shard."""
+        """(len(refs), num_perm): the signatures of many documents, read shard by shard."""
         n = (refs & ~LOCAL_FLAG).astype(np.int64)
         f = np.searchsorted(self.bases, n, side="right") - 1
         out = None
@@ -284,14 +284,21 @@ class LocalDocs:
             sel = np.nonzero(f == k)[0]
             sig = self._file(int(k))["sig"]
             if out is None:
-                out = np.empty((len(refs), sig.shape[1]), np.uint32)
-            out[sel] = sig[n[sel] - self.bases[k]]
+                out = np.empty((len(refs), *sig.row_shape), np.uint32)
+            out[sel] = sig.take(n[sel] - self.bases[k])
         return out if out is not None else np.zeros((0, 0), np.uint32)
 
     def shingles(self, ref: int) -> np.ndarray:
         f, r = self.locate(ref)
         o = self._file(f)
-        return np.asarray(o["flat"][o["offsets"][r]:o["offsets"][r + 1]])
+        return o["flat"].rows(o["offsets"][r], o["offsets"][r + 1])
+
+    def close(self) -> None:
+        for o in self._open.values():
+            o["sig"].close()
+            if o["flat"] is not None:
+                o["flat"].close()
+        self._open.clear()
 
     def column(self, f: int, name: str) -> np.ndarray | list:
         col = pq.read_table(self.results[f]["files"]["meta"]["path"], columns=[name]).column(name)
@@ -552,6 +559,9 @@ def plan_partition(sig_results: list[dict], part: dict, ctx: RunContext, cfg: De
         path = d / f"part-{part['p']:04d}.{name}.npy"
         save_npy(path, arr)
         files[name] = {"path": str(path), "sha256": sha256_file(path)}
+    docs.local.close()
+    if index is not None:
+        index.close()
     import socket
     result = {"p": part["p"], "lo": lo, "hi": hi, "next_gen": part["next_gen"], "fingerprint": fp,
               "files": files, "stats": stats, "held_bytes": held_bytes,
@@ -732,6 +742,9 @@ def plan(sig_results: list[dict], partials: list[dict], ctx: RunContext, cfg: De
 
     hist = Counter(n + 1 for n in dup_count.values())    # members removed + the kept one
     examples = _pick_examples(order, removed, local, docs=Docs(local, index, cfg), key_of=key_of, ids=ids)
+    local.close()
+    if index is not None:
+        index.close()
     total = len(local)
     kept = total - len(removed)
     bands, rows = cfg.lsh_params()
@@ -809,23 +822,26 @@ def _removed_rows(plan_result: dict, name: str) -> np.ndarray:
 
 
 def segment_parts(sig_results: list[dict], plan_result: dict):
-    """This run's kept documents per shard, in key order (shard, row)."""
-    local = LocalDocs(sig_results)
-    for f, s in enumerate(sig_results):
+    """This run's kept documents per shard, in key order (shard, row). One shard's files are mapped
+    at a time (a mapping kept open would keep every page read resident)."""
+    for s in sig_results:
+        files = s["files"]
         keep = np.ones(s["rows"], bool)
         keep[_removed_rows(plan_result, s["shard"]["name"])] = False
         rows = np.nonzero(keep)[0]
-        o = local._file(f)
-        meta = pq.read_table(s["files"]["meta"]["path"], columns=["id", "exact"])
+        meta = pq.read_table(files["meta"]["path"], columns=["id", "exact", "n_shingles"])
         flat = offs = None
-        if o["flat"] is not None:
-            lengths = np.diff(o["offsets"])
+        if "shingles" in files:
+            lengths = meta.column("n_shingles").to_numpy().astype(np.int64)
             offs = np.zeros(len(rows) + 1, np.int64)
             np.cumsum(lengths[rows], out=offs[1:])
-            flat = np.asarray(o["flat"])[np.repeat(keep, lengths)]
-        yield SegmentPart(ids=meta.column("id").take(pa.array(rows)).to_pylist(),
-                          exact=meta.column("exact").take(pa.array(rows)).to_pylist(),
-                          sigs=np.asarray(o["sig"][rows]), shingles=flat, offsets=offs)
+            flat = np.load(files["shingles"]["path"])[np.repeat(keep, lengths)]
+        sigs = np.load(files["sig"]["path"], mmap_mode="r")
+        part = SegmentPart(ids=meta.column("id").take(pa.array(rows)).to_pylist(),
+                           exact=meta.column("exact").take(pa.array(rows)).to_pylist(),
+                           sigs=np.array(sigs[rows]), shingles=flat, offsets=offs)
+        del sigs, meta
+        yield part
 
 
 def band_parts(sig_results: list[dict], plan_result: dict, gen: int):

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import atomic_path, read_json, write_json_atomic
-from quipu.tasks.partitions import key_range, save_npy
+from quipu.tasks.partitions import NpyRows, key_range, save_npy
 
 SCHEME = "affine32"                      # datasketch 2.x default permutation scheme
 LAYOUT = "sorted-bands/v2"               # stored in the index params: v1 (a datasketch LSH) is not read
@@ -175,6 +175,7 @@ class FileStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.location = str(self.folder)
+        self._readers: dict[str, NpyRows] = {}
 
     def read_manifest(self) -> Manifest | None:
         path = self.folder / "manifest.json"
@@ -200,6 +201,20 @@ class FileStore:
 
     def array(self, name: str) -> np.ndarray:
         return np.load(self.folder / name, mmap_mode="r")
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows of an array read from disk (not mapped: what a plan reads at random stays small)."""
+        reader = self._readers.get(name)
+        if reader is None:
+            if len(self._readers) > 256:
+                self.close()
+            reader = self._readers[name] = NpyRows(self.folder / name)
+        return reader.rows(start, stop)
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
 
     def put_table(self, name: str, table: pa.Table) -> None:
         with atomic_path(self.folder / name) as tmp:
@@ -291,6 +306,12 @@ class RedisStore:
             arr = self._cache[name] = np.load(io.BytesIO(raw))
         return arr
 
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self.array(name)[start:stop])
+
+    def close(self) -> None:
+        self._cache.clear()
+
     def put_table(self, name: str, table: pa.Table) -> None:
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
@@ -370,12 +391,15 @@ class DedupIndex:
 
     def signature(self, ref: int) -> np.ndarray:
         gen, part, i = self._locate(ref)
-        return np.asarray(self.store.array(_seg(gen, part, "sig.npy"))[i])
+        return self.store.rows(_seg(gen, part, "sig.npy"), i, i + 1)[0]
 
     def shingles(self, ref: int) -> np.ndarray:
         gen, part, i = self._locate(ref)
-        offs = self.store.array(_seg(gen, part, "offsets.npy"))
-        return np.asarray(self.store.array(_seg(gen, part, "shingles.npy"))[offs[i]:offs[i + 1]])
+        a, b = self.store.rows(_seg(gen, part, "offsets.npy"), i, i + 2)
+        return self.store.rows(_seg(gen, part, "shingles.npy"), a, b)
+
+    def close(self) -> None:
+        self.store.close()
 
     def doc_ids_of(self, refs: list[int]) -> dict[int, str]:
         """Ids of the given refs, reading each segment part once."""

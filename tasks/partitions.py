@@ -10,6 +10,7 @@ size of the run, and partitions are independent tasks that run in parallel.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +84,47 @@ class SortedRun(BaseModel):
         for c in names:
             save_npy(Path(f"{prefix}.{c}.npy"), np.ascontiguousarray(columns[c]))
         return SortedRun(prefix=str(prefix), columns=names, rows=len(columns[names[0]]))
+
+
+class NpyRows:
+    """Rows of a `.npy` file read with `pread`: only the bytes asked for enter memory (a memory map
+    keeps every page it touched resident, and counted in the process's RSS, until it is closed)."""
+
+    def __init__(self, path: str | Path):
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            self.shape, fortran, self.dtype = read_header(fh)
+            self.offset = fh.tell()
+        if fortran:
+            raise ValueError(f"{path}: Fortran-ordered arrays are not read by rows")
+        self.row_shape = tuple(self.shape[1:])
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop-1, copied into memory."""
+        n = max(0, int(stop) - int(start))
+        data = os.pread(self.fd, n * self.row_bytes, self.offset + int(start) * self.row_bytes)
+        return np.frombuffer(data, self.dtype).reshape((n, *self.row_shape))
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """The given rows (any order), one read per row."""
+        out = np.empty((len(idx), *self.row_shape), self.dtype)
+        for k, i in enumerate(idx.tolist()):
+            out[k] = self.rows(i, i + 1)[0]
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
