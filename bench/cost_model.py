@@ -8,7 +8,8 @@ Model (each assumption is printed with the table):
   cores at once (shards and plan partitions are independent tasks: at 100M documents there are
   thousands of each), so its wall time is documents x cost / N;
 - dedup's combine and commit are single tasks: their time grows with the documents (measured per
-  document at the largest size) and does not shrink with N;
+  document at the largest size, as CPU time: wall time x the share of a core the run got) and does
+  not shrink with N;
 - memory per worker is what one worker process held at the largest measured size (a shard, a plan
   partition: both bounded by configuration, not by the run); the combine's memory grows with the
   duplicates it decides (bytes per removed document, stated below);
@@ -43,9 +44,11 @@ def per_doc_costs(measured: dict) -> dict:
     for name, v in curate["stages"].items():
         out[name] = {"core_s_per_doc": curate["cpu_seconds"] * v["seconds"] / task_s / curate["n"],
                      "measured_at": curate["n"], "docs_in_share": v["input_docs"] / curate["n"]}
-    # dedup's serial parts, from the dedup-alone run at its largest size (wall seconds per document)
+    # dedup's serial parts (combine, commit), from the dedup-alone run at its largest size: their
+    # wall seconds times the share of a core the run got on the shared machine (its CPU / wall)
     ph = dedup["phases"]
-    out["dedup"]["serial_s_per_doc"] = (ph["combine"] + ph["commit"]) / dedup["n"]
+    share = dedup["cpu_seconds"] / dedup["seconds"]
+    out["dedup"]["serial_s_per_doc"] = (ph["combine"] + ph["commit"]) * share / dedup["n"]
     out["dedup"]["removed_share"] = (dedup["exact_dup"] + dedup["near_dup"]) / dedup["n"]
     # the other default stages, from the sample run (same split of its CPU seconds)
     if full:
