@@ -41,6 +41,7 @@ datasets = sa.Table(
     sa.Column("bytes", sa.BigInteger),
     sa.Column("created", sa.DateTime),
     sa.Column("info", sa.Text),              # JSON
+    sa.Column("version", sa.Integer),        # curated datasets: 1, 2, ... one per curate run into the name
 )
 
 shards = sa.Table(
@@ -92,6 +93,19 @@ files_seen = sa.Table(
     sa.Column("run_id", sa.String(64)),
 )
 
+files_pending = sa.Table(  # announced by the watcher, not yet curated by a completed run
+    "files_pending", metadata,
+    sa.Column("location", sa.Text, nullable=False),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger),
+    sa.Column("mtime", sa.Float),
+    sa.Column("checksum", sa.String(64)),
+    sa.Column("event_id", sa.String(64)),
+    sa.Column("output", sa.Text),            # the curate run directory the event asked for
+    sa.Column("announced", sa.DateTime),
+    sa.Column("attempts", sa.Integer),
+)
+
 kv = sa.Table(  # small caches keyed by a hash (e.g. teacher perplexity labels)
     "kv", metadata,
     sa.Column("namespace", sa.String(64), primary_key=True),
@@ -121,7 +135,24 @@ def _engine_for(url: str) -> sa.Engine:
         kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
     engine = sa.create_engine(url, future=True, **kwargs)
     metadata.create_all(engine)
+    add_missing_columns(engine)
     return engine
+
+
+def add_missing_columns(engine: sa.Engine) -> None:
+    """Columns added to a table after a catalog was created (create_all only creates tables)."""
+    inspector = sa.inspect(engine)
+    for table in metadata.sorted_tables:
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have:
+                kind = col.type.compile(dialect=engine.dialect)
+                try:
+                    with engine.begin() as conn:
+                        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}"))
+                except sa.exc.DBAPIError:   # another process added it first
+                    if col.name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                        raise
 
 
 def engine() -> sa.Engine:

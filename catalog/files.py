@@ -17,12 +17,29 @@ from typing import Any, Iterator
 TMP_PREFIX = ".tmp-quipu-"   # only files with this prefix are ever cleaned up as quipu's
 
 
+def _process_umask() -> int:
+    mask = os.umask(0o022)   # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+UMASK = _process_umask()
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode a plain `open()` / `mkdir()` would give under the process umask. Temporary files
+    and folders are created private (0600 / 0700); the final output must be readable by whoever the
+    umask allows (teammates, a serving container), so it gets this mode before it is renamed."""
+    return (0o777 if directory else 0o666) & ~UMASK
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it onto `final` if the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
+    os.fchmod(fd, default_mode())
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -76,13 +76,24 @@ def output_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
 
 
 def check_free(run_dir: str | os.PathLike) -> None:
-    """Fail early (before a flow starts) if another process holds OUT; takes no lock."""
-    lock = Path(run_dir) / LOCK_NAME
+    """Fail early (before a flow starts) if OUT cannot be a run folder (an existing file, a folder we
+    cannot write) or another process holds it; takes no lock."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"output {run_dir} is a file, not a folder: choose another --output")
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"output {run_dir}: {existing} is a file, not a folder")
+    if existing is not None and os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise UserError(f"output {run_dir}: {existing} is on a read-only file system; earlier outputs are left as they were")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"output {run_dir}: cannot write in {existing} (permission denied)")
+    lock = run_dir / LOCK_NAME
     if not lock.exists():
         return
     fd = os.open(lock, os.O_RDWR)
     try:
-        _lock(fd, Path(run_dir))
+        _lock(fd, run_dir)
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
@@ -93,28 +104,37 @@ def identity(inputs: list[str], config: dict, ignore: tuple[str, ...] = ()) -> d
     return {"inputs": sorted(inputs), "config_sha256": sha256_json(cfg)}
 
 
-def claim(run_dir: str | os.PathLike, ident: dict, owned: list[str], overwrite: bool = False) -> int:
-    """Make OUT this run's (call while holding `output_lock`): refuse another run's results unless
-    `overwrite`, which deletes the `owned` entries first; then clear a killed run's temporaries in
-    them. Returns how many temporaries were removed."""
+def check_identity(run_dir: str | os.PathLike, ident: dict, owned: list[str]) -> None:
+    """OutputMismatch if OUT holds another run's results (other inputs or config); writes nothing, so
+    the CLI can say it before a flow starts."""
     run_dir = Path(run_dir)
     ident_path = run_dir / IDENTITY_NAME
-    present = [name for name in owned if (run_dir / name).exists()]
+    earlier: dict = {}
     if ident_path.exists():
         try:
             earlier = read_json(ident_path)
         except (OSError, ValueError):
             earlier = {}
         same = earlier == ident
-    else:
-        same = not present      # results without an identity: an older quipu's run, or another tool's files
-    if not same and not overwrite:
+    else:   # results without an identity: an older quipu's run, or another tool's files
+        same = not any((run_dir / name).exists() for name in owned)
+    if not same:
         what = ("other inputs" if earlier.get("inputs") != ident["inputs"] else "another config") if ident_path.exists() \
             else "an earlier run that recorded no identity"
         raise OutputMismatch(f"{run_dir} holds the results of a run with {what}: rerun the same command to resume it, "
                              f"pass --overwrite to replace it, or choose another --output")
-    if overwrite:
-        for name in present:
+
+
+def claim(run_dir: str | os.PathLike, ident: dict, owned: list[str], overwrite: bool = False) -> int:
+    """Make OUT this run's (call while holding `output_lock`): refuse another run's results unless
+    `overwrite`, which deletes the `owned` entries first; then clear a killed run's temporaries in
+    them. Returns how many temporaries were removed."""
+    run_dir = Path(run_dir)
+    ident_path = run_dir / IDENTITY_NAME
+    if not overwrite:
+        check_identity(run_dir, ident, owned)
+    else:
+        for name in [n for n in owned if (run_dir / n).exists()]:
             p = run_dir / name
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     write_json_atomic(ident_path, ident)

@@ -59,10 +59,12 @@ def get_run(run_id_or_output: str) -> dict | None:
         return dict(row) if row else None
 
 
-def latest_run(flow: str, status: str | None = "completed") -> dict | None:
+def latest_run(flow: str, status: str | None = "completed", output: str | None = None) -> dict | None:
     q = sa.select(db.runs).where(db.runs.c.flow == flow)
     if status:
         q = q.where(db.runs.c.status == status)
+    if output:
+        q = q.where(db.runs.c.output == output)
     with db.engine().connect() as conn:
         row = conn.execute(q.order_by(db.runs.c.started.desc())).mappings().first()
         return dict(row) if row else None
@@ -71,21 +73,30 @@ def latest_run(flow: str, status: str | None = "completed") -> dict | None:
 # ---- datasets and shards ----------------------------------------------------------------------
 
 def register_dataset(name: str, kind: str, path: str, run_id: str | None,
-                     shard_rows: Iterable[dict], info: dict | None = None) -> str:
-    """`shard_rows`: dicts with path, rows, bytes, sha256. Re-registering a path replaces it.
-    A name is safe path components joined by '/' (e.g. `cc-main/quarantine`)."""
+                     shard_rows: Iterable[dict], info: dict | None = None, shared_path: bool = False) -> str:
+    """`shard_rows`: dicts with path, rows, bytes, sha256. A name is safe path components joined by
+    '/' (e.g. `cc-main/quarantine`). Each registration under a name (and kind) is a new version of
+    it (1, 2, ...): a curated dataset is the union of its versions, one per curate run into it.
+    Re-registering a path (a rerun into the same output) replaces that version and keeps its number;
+    `shared_path`: the path is a cache several datasets point into (token shards), so only this
+    name's row there is replaced."""
     for part in name.split("/"):
         check_name(part, "dataset name")
     shard_rows = list(shard_rows)
     ds_id = db.new_id("ds")
+    t = db.datasets
     with db.engine().begin() as conn:
-        old = conn.execute(sa.select(db.datasets.c.id).where(
-            db.datasets.c.path == path, db.datasets.c.kind == kind)).scalars().all()
-        for oid in old:
-            conn.execute(sa.delete(db.shards).where(db.shards.c.dataset_id == oid))
-            conn.execute(sa.delete(db.datasets).where(db.datasets.c.id == oid))
-        conn.execute(sa.insert(db.datasets).values(
-            id=ds_id, name=name, kind=kind, path=path, run_id=run_id,
+        q = sa.select(t.c.id, t.c.name, t.c.version).where(t.c.path == path, t.c.kind == kind)
+        old = conn.execute(q.where(t.c.name == name) if shared_path else q).mappings().all()
+        version = next((o["version"] for o in old if o["name"] == name and o["version"]), None)
+        for o in old:
+            conn.execute(sa.delete(db.shards).where(db.shards.c.dataset_id == o["id"]))
+            conn.execute(sa.delete(t).where(t.c.id == o["id"]))
+        if version is None:
+            top = conn.execute(sa.select(sa.func.max(t.c.version)).where(t.c.name == name, t.c.kind == kind)).scalar()
+            version = (top or 0) + 1
+        conn.execute(sa.insert(t).values(
+            id=ds_id, name=name, kind=kind, path=path, run_id=run_id, version=version,
             rows=sum(int(s.get("rows", 0)) for s in shard_rows),
             bytes=sum(int(s.get("bytes", 0)) for s in shard_rows),
             created=db.now(), info=db.dumps(info or {})))
@@ -94,6 +105,26 @@ def register_dataset(name: str, kind: str, path: str, run_id: str | None,
                 {"dataset_id": ds_id, "path": s["path"], "rows": s.get("rows"),
                  "bytes": s.get("bytes"), "sha256": s.get("sha256")} for s in shard_rows])
     return ds_id
+
+
+def dataset_versions(name: str, kind: str = "curated") -> list[dict]:
+    """Every version of a dataset, oldest first, each with its shards (ordered by path)."""
+    t = db.datasets
+    with db.engine().connect() as conn:
+        rows = [dict(r) for r in conn.execute(sa.select(t).where(t.c.name == name, t.c.kind == kind)
+                                              .order_by(t.c.version, t.c.created)).mappings()]
+        for r in rows:
+            r["shards"] = [dict(s) for s in conn.execute(
+                sa.select(db.shards).where(db.shards.c.dataset_id == r["id"]).order_by(db.shards.c.path)).mappings()]
+    return rows
+
+
+def update_dataset_info(ds_id: str, info: dict) -> None:
+    """Merge keys into a dataset's `info` (e.g. counts measured after registration)."""
+    with db.engine().begin() as conn:
+        old = conn.execute(sa.select(db.datasets.c.info).where(db.datasets.c.id == ds_id)).scalar()
+        merged = (json.loads(old) if old else {}) | info
+        conn.execute(sa.update(db.datasets).where(db.datasets.c.id == ds_id).values(info=db.dumps(merged)))
 
 
 def list_datasets(kind: str | None = None, name: str | None = None) -> list[dict]:
@@ -226,3 +257,61 @@ def mark_files_seen(location: str, items: Iterable[dict], run_id: str | None = N
             conn.execute(sa.delete(db.files_seen).where(db.files_seen.c.location == location,
                                                         db.files_seen.c.path.in_(paths[i:i + 500])))
         conn.execute(sa.insert(db.files_seen), rows)
+
+
+# ---- files announced by the watcher, waiting for the curate run that takes them -----------------
+
+def files_pending(location: str | None = None) -> list[dict]:
+    q = sa.select(db.files_pending)
+    if location is not None:
+        q = q.where(db.files_pending.c.location == location)
+    with db.engine().connect() as conn:
+        return [dict(r) for r in conn.execute(q.order_by(db.files_pending.c.path)).mappings()]
+
+
+def add_files_pending(location: str, items: Iterable[dict], event_id: str, output: str) -> None:
+    """items: dicts with path, size, mtime, checksum; a path already pending is replaced (attempts + 1
+    when it is unchanged)."""
+    items = list(items)
+    if not items:
+        return
+    t = db.files_pending
+    with db.engine().begin() as conn:
+        paths = [i["path"] for i in items]
+        attempts: dict[str, int] = {}
+        for i in range(0, len(paths), 500):
+            chunk = paths[i:i + 500]
+            for r in conn.execute(sa.select(t.c.path, t.c.attempts, t.c.size, t.c.mtime)
+                                  .where(t.c.location == location, t.c.path.in_(chunk))):
+                attempts[r.path] = (r.attempts or 0, r.size, r.mtime)
+            conn.execute(sa.delete(t).where(t.c.location == location, t.c.path.in_(chunk)))
+        conn.execute(sa.insert(t), [{"location": location, "path": i["path"], "size": i.get("size"),
+                                     "mtime": i.get("mtime"), "checksum": i.get("checksum"), "event_id": event_id,
+                                     "output": output, "announced": db.now(), "attempts": _attempt(attempts.get(i["path"]), i)}
+                                    for i in items])
+
+
+def _attempt(before: tuple | None, item: dict) -> int:
+    """1 for a file not tried before or changed since; else one more than before."""
+    if before is None or before[1] != item.get("size") or abs((before[2] or 0.0) - (item.get("mtime") or 0.0)) > 1e-6:
+        return 1
+    return before[0] + 1
+
+
+def drop_files_pending(location: str, paths: Iterable[str]) -> None:
+    paths = list(paths)
+    with db.engine().begin() as conn:
+        for i in range(0, len(paths), 500):
+            conn.execute(sa.delete(db.files_pending).where(db.files_pending.c.location == location,
+                                                           db.files_pending.c.path.in_(paths[i:i + 500])))
+
+
+def requeue_files_pending(location: str, paths: Iterable[str]) -> None:
+    """Pending files whose curate run failed: no longer waiting on a run (announced again), their
+    attempts kept."""
+    paths = list(paths)
+    with db.engine().begin() as conn:
+        for i in range(0, len(paths), 500):
+            conn.execute(sa.update(db.files_pending).where(
+                db.files_pending.c.location == location, db.files_pending.c.path.in_(paths[i:i + 500]))
+                .values(output="", event_id=None))

@@ -15,7 +15,8 @@ import sys
 
 from quipu.catalog.errors import UserError
 from quipu.demo import run as demo
-from quipu.flows import benchmarks_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows import benchmarks_cli, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
 # the default 20 s to start on two cores, and telemetry has no network to reach.
@@ -36,6 +37,7 @@ COMMANDS = [
     (benchmarks_cli, "benchmarks ls|check"),
     (train_cli, "train, plan, export"),
     (demo, "demo"),
+    (config_cli, "config show"),
 ]
 
 
@@ -46,23 +48,49 @@ def prefect_env() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quipu", description="Curate web crawls and text dumps into training data, and train on it.")
+    parser.add_argument("--version", action="version", version=f"quipu {installed_version()}")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines: warnings and the result only")
+    parser.add_argument("--verbose", action="store_true",
+                        help=f"also Prefect's per-task lines and library logs (always in {log_file()})")
     sub = parser.add_subparsers(dest="command", required=True)
     for module, _ in COMMANDS:
         module.add_commands(sub)
     return parser
 
 
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("quipu")
+    except PackageNotFoundError:   # run from a checkout without installing
+        from quipu.tasks.stage import QUIPU_VERSION
+        return QUIPU_VERSION
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --quiet / --verbose anywhere on the line (before or after the command), for every command
+    level = "verbose" if "--verbose" in argv else "quiet" if "--quiet" in argv else "normal"
+    argv = [a for a in argv if a not in ("--quiet", "--verbose")]
+    os.environ[VERBOSITY_ENV] = level
     prefect_env()
+    logging_setup(level)
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()   # here, so that a closed pipe is handled below and not at interpreter exit
+        return code
     except UserError as e:
         print(f"quipu: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("quipu: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`quipu report RUN | head`): stop quietly, as cat would; point stdout
+        # at /dev/null so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         if e.errno in WRITE_ERRNOS:  # disk full, read-only or forbidden output: say where, no traceback
             print(f"quipu: cannot write {e.filename or 'output'}: {e.strerror}; earlier outputs are left as they were",

@@ -5,11 +5,17 @@ Every error names the key and what was expected, and is raised before any work s
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
+import json
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 from quipu.catalog.errors import UserError
 
@@ -49,13 +55,15 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def format_validation_error(err: ValidationError, source: str = "config") -> str:
+def format_validation_error(err: ValidationError, source: str = "config", model: type[BaseModel] | None = None) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+            if model is not None:
+                msg += did_you_mean(model, [str(p) for p in e["loc"]])
         got = e.get("input")
         got_s = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {got!r:.80})"
         lines.append(f"{source}: {key}: {msg}{got_s}")
@@ -87,7 +95,7 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, str(path) if path else "config")) from None
+        raise ConfigError(format_validation_error(e, str(path) if path else "config", model)) from None
 
 
 def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) -> None:
@@ -98,3 +106,103 @@ def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) ->
         p.add_argument("config", nargs="?", help="YAML config file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (dotted key, YAML value); repeatable")
+
+
+# ---- what the configs are: `quipu config show`, "did you mean" -----------------------------------
+
+# Every config a command or deployment takes, by the name users call it (`quipu config show NAME`).
+CONFIG_MODELS = {
+    "curate": "quipu.flows.curate:CurateConfig",
+    "train": "quipu.trainer.train:TrainConfig",
+    "quality": "quipu.trainer.quality_train:QualityTrainConfig",
+    "ppl": "quipu.flows.ppl:PplConfig",
+    "kenlm": "quipu.flows.ppl:KenLMTrainConfig",
+    "watch": "quipu.flows.watch:WatchConfig",
+}
+
+
+def config_model(name: str) -> type[BaseModel]:
+    if name not in CONFIG_MODELS:
+        raise ConfigError(f"no config named {name!r}; one of: {', '.join(CONFIG_MODELS)}")
+    module, attr = CONFIG_MODELS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _submodels(annotation) -> list[type[BaseModel]]:
+    """The pydantic models a field holds directly (X, X | None, Annotated[X, ...])."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return [m for a in typing.get_args(annotation) for m in _submodels(a)]
+    return []
+
+
+def type_name(annotation) -> str:
+    """A field's type as a user reads it: `int`, `str | null`, `list[str]`, `auto | cpu | cuda`."""
+    if annotation is type(None):
+        return "null"
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " | ".join(str(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return type_name(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(annotation))
+    if origin is not None:
+        args = ", ".join(type_name(a) for a in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field) -> Any:
+    if field.default is not PydanticUndefined:
+        value = field.default
+    elif field.default_factory is not None:
+        value = field.default_factory()
+    else:
+        return PydanticUndefined
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return json.loads(json.dumps(value, default=str))   # as it reads back from YAML: tuples are lists
+
+
+def config_keys(model: type[BaseModel], prefix: str = "") -> list[dict]:
+    """Every key of `model` as a dotted path with its type, default and description, nested models
+    expanded (generated from the model, so it is never out of date)."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        subs = _submodels(field.annotation)
+        if len(subs) == 1 and typing.get_origin(field.annotation) is None:
+            rows.extend(config_keys(subs[0], key + "."))
+            continue
+        default = _default(field)
+        rows.append({"key": key, "type": type_name(field.annotation),
+                     "default": "(required)" if default is PydanticUndefined else default,
+                     "description": field.description or ""})
+        if typing.get_origin(field.annotation) is list:   # a list of sections: the keys of one item
+            for item in _submodels(typing.get_args(field.annotation)[0]):
+                rows.extend(config_keys(item, key + "[]."))
+    return rows
+
+
+def did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
+    """`; did you mean 'x'?` for an unknown key at `loc`, from the keys valid at that level."""
+    node: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if part.isdigit():   # an item of a list of sections: the item's model is already `node`
+            continue
+        field = node.model_fields.get(part) if node else None
+        ann = field.annotation if field else None
+        if typing.get_origin(ann) in (list, dict):
+            ann = typing.get_args(ann)[-1]
+        subs = _submodels(ann) if ann is not None else []
+        node = subs[0] if subs else None
+    if node is None:
+        return ""
+    valid = list(node.model_fields)
+    close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{'.'.join([*loc[:-1], close[0]])}'?"
+    return f"; valid keys here: {', '.join(valid)}"

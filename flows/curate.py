@@ -18,6 +18,9 @@ from quipu.catalog import registry
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.names import check_name, name_from
 from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.flows.dataset_card import write_dataset_card
+from quipu.flows.html_report import publish_charts
+from quipu.flows.progress import StageProgress, say
 from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
@@ -26,7 +29,7 @@ from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_file
 from quipu.tasks.output import OutputConfig, write_curated
 from quipu.tasks.pipeline import STAGES
 from quipu.tasks.readers import expand_inputs
-from quipu.tasks.stage import RunContext, Shard, ShardResult
+from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
 
 
 class CurateSettings(BaseModel):
@@ -145,14 +148,34 @@ class PrefectPhases:
         return commit_task(ref, scans, plan)
 
 
-def collect(futures, progress: Callable[[float], object] | None = None) -> list:
-    """Results in input order; `progress(fraction done)` after each (the UI's progress artifact)."""
+def collect(futures, progress: Callable[[object], object] | None = None) -> list:
+    """Results in input order; `progress(result)` after each (terminal and UI progress)."""
     results = []
-    for i, f in enumerate(futures, 1):
+    for f in futures:
         results.append(f.result())
         if progress is not None:
-            progress(i / len(futures))
+            progress(results[-1])
     return results
+
+
+class Progress:
+    """One curate run's progress: the UI's progress artifact and the terminal's lines, per stage."""
+
+    def __init__(self, prefix: str, stages: list[str]):
+        self.artifact = RunProgress(prefix, stages)
+        self.stage: StageProgress | None = None
+
+    def start(self, name: str, shards: int, docs: int | None) -> Callable[[object], None]:
+        self.artifact.update(name, 0.0)
+        self.stage = StageProgress(name, shards, docs)
+
+        def on_result(r) -> None:   # a ShardResult, or an ExtractResult for extract
+            self.stage.advance(r.input_docs, r.skipped)
+            self.artifact.update(name, self.stage.done_shards / max(1, shards))
+        return on_result
+
+    def finish(self, report: dict) -> None:
+        self.stage.finish(report["kept_docs"], report["removed_docs"], report["seconds"])
 
 
 def aggregate_extract(results: list[ExtractResult]) -> dict:
@@ -178,7 +201,7 @@ NOT_IDENTITY = ("workers", "runner", "artifact_prefix")
 
 def owned_entries() -> list[str]:
     """What a curate run writes into its output folder, and so what `--overwrite` clears."""
-    return ["extract", *(s.name for s in STAGES), "curated", "quarantine", "run.json"]
+    return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
 @flow(name="curate", log_prints=True, persist_result=False)
@@ -208,6 +231,8 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
         summary["seconds"] = round(time.perf_counter() - t_start, 2)
         write_json_atomic(config.context().summary, summary)
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
+    from quipu.flows.events import curate_completed
+    summary["event"] = curate_completed(summary, log)   # quipu.curate.completed: the trigger that trains on it
     return summary
 
 
@@ -217,10 +242,12 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
 
     preflight(config)  # a missing or corrupt model fails here, before extract reads anything
     stages = enabled_stages(config)
-    progress = RunProgress(config.artifact_prefix, ["extract", *stages, "curated"])
-    results = collect(extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract)),
-                      lambda f: progress.update("extract", f))
+    progress = Progress(config.artifact_prefix, ["extract", *stages, "curated"])
+    say(f"curating {len(files)} input files into {rd}: extract, {', '.join(stages)}")
+    on_file = progress.start("extract", len(files), None)
+    results = collect(extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract)), on_file)
     report = aggregate_extract(results)
+    progress.finish(report)
     reports["extract"] = report
     write_report(rd, "extract", report)
     shards = [s for r in results for s in r.kept_shards]
@@ -229,9 +256,10 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
 
     for name in stages:
         prev_kept = sum(s.rows for s in shards)
-        progress.update(name, 0.0)
-        stage_results, report = driver.run_stage(config.stage_ref(name, run_id), [s for s in shards if s.rows > 0],
-                                                 PrefectPhases(), lambda f, n=name: progress.update(n, f))
+        todo = [s for s in shards if s.rows > 0]
+        stage_results, report = driver.run_stage(config.stage_ref(name, run_id), todo, PrefectPhases(),
+                                                 progress.start(name, len(todo), prev_kept))
+        progress.finish(report)
         if report["input_docs"] != prev_kept:
             raise AssertionError(f"{name}: read {report['input_docs']} documents, previous stage kept {prev_kept}")
         reports[name] = report
@@ -239,9 +267,9 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
         shards = [r.kept for r in stage_results]
         log.info("%s: %d in, %d kept, %d removed", name, report["input_docs"], report["kept_docs"], report["removed_docs"])
 
-    progress.update("curated", 0.0)
+    progress.artifact.update("curated", 0.0)
     curated = write_curated_task(shards, str(config.context().curated), config.curated)
-    progress.done()
+    progress.artifact.done()
     summary = {
         "run_id": run_id, "output": rd, "inputs": files,
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],
@@ -249,12 +277,15 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],
                     "removed_docs": r["removed_docs"], "removed_by_reason": r["removed_by_reason"],
                     "edits": {k: n for k, n in r["stats"].get("edits", {}).items() if n},
-                    "seconds": r["seconds"]} for name, r in reports.items()],
+                    "seconds": r["seconds"], "reused_shards": r.get("reused_shards", 0)} for name, r in reports.items()],
         "curated": {"rows": sum(p.rows for p in curated), "shards": [p.path for p in curated]},
         "config": config.model_dump(mode="json"),
     }
+    write_dataset_card(summary, run_dir, config.dataset or name_from(run_dir.name), config.curated.license,
+                       QUIPU_VERSION)
     _register(config, run_dir, run_id, files, reports, curated, results_extract=reports["extract"])
     publish_artifacts(summary, reports, config.artifact_prefix)
+    publish_charts(summary, reports, config.artifact_prefix)
     return summary
 
 

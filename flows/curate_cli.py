@@ -24,23 +24,40 @@ def cmd_curate(args) -> int:
     config = CurateConfig.model_validate(config.model_dump())
     if not config.input:
         raise UserError("no input: give --input PATH/GLOB or set `input` in the config")
-    try:
-        expand_inputs(config.input)
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from None
-    from quipu.flows.curate import preflight
+    # Everything that can be wrong before any work is checked here, before Prefect starts:
+    # the inputs, the models the enabled stages need, the output folder.
+    files = checked_inputs(config.input)
+    from quipu.flows.curate import NOT_IDENTITY, owned_entries, preflight
     try:  # models the enabled stages need: a missing or corrupt file is named before any work
         preflight(config)
     except UserError:
         raise
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
-    from quipu.catalog.ownership import check_free
-    check_free(Path(config.output).resolve())   # another live run into this output: say so before Prefect starts
-    return run_curate(config, overwrite=args.overwrite)
+    from quipu.catalog.ownership import check_free, check_identity, identity
+    run_dir = Path(config.output).resolve()
+    check_free(run_dir)   # a file, an unwritable folder, another live run into this output
+    if not args.overwrite:
+        check_identity(run_dir, identity(files, config.model_dump(mode="json"), NOT_IDENTITY), owned_entries())
+    return run_curate(config, overwrite=args.overwrite, allow_empty=args.allow_empty)
 
 
-def run_curate(config, overwrite: bool = False) -> int:
+def checked_inputs(patterns: list[str]) -> list[str]:
+    """The input files, or a one-line error: a pattern that matches nothing, or only files no
+    reader takes (those would each be quarantined and the run would curate nothing)."""
+    from quipu.tasks.readers import SUPPORTED, expand_inputs, reader_kind
+    try:
+        files = expand_inputs(patterns)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from None
+    if not any(reader_kind(f) for f in files):
+        shown = ", ".join(Path(f).name for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise UserError(f"no supported input files: {len(files)} matched ({shown}), none of them "
+                        f"{', '.join(SUPPORTED)}")
+    return files
+
+
+def run_curate(config, overwrite: bool = False, allow_empty: bool = False) -> int:
     from quipu.flows.curate import curate
     from quipu.flows.reports import format_funnel
     from quipu.flows.runners import make_task_runner
@@ -51,7 +68,17 @@ def run_curate(config, overwrite: bool = False) -> int:
     print()
     print(f"curated shards: {summary['output']}/curated   reports: {summary['output']}/<stage>/report.json")
     print(f"removed documents: {summary['output']}/<stage>/removed   quarantine: {summary['output']}/quarantine")
+    print(f"report page: quipu report {summary['output']} --html")
+    if summary["curated"]["rows"] == 0 and not allow_empty:
+        raise EmptyRun(f"the run curated 0 documents ({summary['records_read']} records read, "
+                       f"{summary['quarantined']} quarantined; the funnel above says where they went); "
+                       "pass --allow-empty if that is expected")
     return 0
+
+
+class EmptyRun(UserError):
+    """A run that finished but curated nothing: almost always wrong inputs or filters."""
+    exit_code = 3
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -77,6 +104,16 @@ def cmd_report(args) -> int:
         run = load_run(run_dir)
     except FileNotFoundError as e:
         raise UserError(str(e)) from None
+    if args.json:
+        import json
+        from quipu.flows.html_report import load_reports
+        print(json.dumps({"run": run, "reports": load_reports(run_dir, run)}, indent=1, default=str))
+        return 0
+    if args.html is not None:
+        from quipu.flows.html_report import write_html_report
+        path = write_html_report(run_dir, run, args.html or None)
+        print(f"wrote {path} (one self-contained page: open it in a browser)")
+        return 0
     print(format_funnel(run, top=args.top))
     return 0
 
@@ -92,9 +129,9 @@ def cmd_catalog_ls(args) -> int:
         for r in registry.list_runs(args.limit):
             print(f"  {r['id']:<40} {r['flow']:<16} {r['status']:<10} {r['started']:%Y-%m-%d %H:%M}  {r['output'] or ''}")
     if what in ("all", "datasets"):
+        from quipu.catalog.versions import format_datasets
         print("DATASETS")
-        for d in registry.list_datasets():
-            print(f"  {d['name']:<32} {d['kind']:<12} rows={d['rows']:<9} bytes={d['bytes']:<11} {d['path']}")
+        print(format_datasets())   # a curated dataset: one line per version (documents, tokens, run)
     if what in ("all", "models"):
         print("MODELS")
         for m in registry.list_models():
@@ -112,6 +149,8 @@ def cmd_catalog_show(args) -> int:
         ds = registry.get_dataset(args.run)
         if ds is None:
             raise UserError(f"no run or dataset named {args.run!r} in the catalog")
+        from quipu.catalog.versions import version_lineage
+        ds["versions"] = version_lineage(ds["name"], ds["kind"])   # every version: its run and that run's inputs
         print(json.dumps(ds, indent=2, default=str))
         return 0
     run["config"] = json.loads(run["config"] or "{}")
@@ -127,6 +166,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     p.add_argument("--input", action="append", help="input path, glob or URL (repeatable; replaces the config's input)")
     p.add_argument("--output", help="run directory (replaces the config's output)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0 even if no document is curated (otherwise such a run exits 3)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace what an earlier run with other inputs or config wrote into the output directory "
                         "(without it such a run is refused; the same inputs and config resume)")
@@ -137,6 +178,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--latest", action="store_true", help="the newest curate run in the catalog")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two runs stage by stage (run dirs or ids)")
     p.add_argument("--top", type=int, default=5, help="reasons per stage")
+    p.add_argument("--html", nargs="?", const="", metavar="FILE",
+                   help="write a self-contained HTML report with charts (default RUN/report.html)")
+    p.add_argument("--json", action="store_true", help="print run.json and every stage report as one JSON object")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("catalog", help="runs, datasets, shards and models registered so far")

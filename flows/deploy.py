@@ -5,7 +5,10 @@ read other files, so `quipu deploy` resolves it first:
 
 - each deployment's `config` parameter (and the `config` of its triggers' parameters) starts from
   the config file named for it under the top-level `quipu.configs` key, with the YAML's own values
-  on top (deep merge), and is validated with the flow's config model before anything is sent;
+  on top (deep merge), and is validated with the flow's config model before anything is sent; a
+  named config file that is missing or invalid fails naming the file (and the key); the other
+  parameters are validated against the flow's signature (trigger templates are filled in by the
+  server and skipped);
 - `{{ $QUIPU_ROOT }}` (the working directory of flow runs) becomes the repository root;
 - deployments whose entrypoint file does not exist yet are skipped with a message.
 
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
+import typing
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pydantic
 import yaml
 
 from quipu.catalog import db
@@ -35,6 +41,9 @@ ROOT_PLACEHOLDER = "{{ $QUIPU_ROOT }}"
 CONFIG_MODELS = {
     "flows/curate.py:curate": "quipu.flows.curate:CurateConfig",
     "flows/watch.py:watch": "quipu.flows.watch:WatchConfig",
+    "flows/quality_train.py:quality_train": "quipu.flows.quality_train:QualityTrainConfig",
+    "flows/ppl.py:ppl_distill": "quipu.flows.ppl:PplConfig",
+    "flows/train.py:tokenize_train": "quipu.trainer.train:TrainConfig",
 }
 
 
@@ -55,15 +64,33 @@ def _has_template(value) -> bool:
     return False
 
 
-def _validate(entrypoint: str, config: dict, where: str) -> None:
+def _validate(entrypoint: str, params: dict, where: str) -> None:
+    """The `config` parameter with the flow's config model (errors name the key), then every other
+    concrete parameter against the flow function's signature (its type hints)."""
     target = CONFIG_MODELS.get(entrypoint)
     if not target:
-        return
+        raise ConfigError(f"{where}: no config model known for entrypoint {entrypoint} (add it to CONFIG_MODELS)")
     module, name = target.split(":")
     model = getattr(importlib.import_module(module), name)
+    config = params.get("config") or {}
     # Trigger templates are filled in by the server: validate the rest.
     concrete = {k: v for k, v in config.items() if not _has_template(v)}
-    load_config(model, None, data=concrete).model_dump()  # raises ConfigError naming the key
+    try:
+        validated = load_config(model, None, data=concrete)
+    except ConfigError as e:   # names the key; say which deployment and file
+        raise ConfigError(f"{where}: {e}") from None
+    others = {k: v for k, v in params.items() if k != "config" and not _has_template(v)}
+    file, func = entrypoint.split(":")
+    fn = getattr(importlib.import_module("quipu." + file.removesuffix(".py").replace("/", ".")), func)
+    signature = inspect.signature(getattr(fn, "fn", fn))     # a Prefect flow wraps the function
+    hints = typing.get_type_hints(getattr(fn, "fn", fn))
+    for key, value in others.items():
+        if key not in signature.parameters:
+            raise ConfigError(f"{where}: flow {func} has no parameter {key!r} (it has {', '.join(signature.parameters)})")
+        try:
+            pydantic.TypeAdapter(hints.get(key, typing.Any)).validate_python(value)
+        except pydantic.ValidationError as e:
+            raise ConfigError(f"{where}: parameter {key}: {e.errors()[0]['msg']} (got {value!r})") from None
 
 
 def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check: bool = True) -> tuple[dict, list[str], list[str]]:
@@ -79,19 +106,30 @@ def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check
         if not (root / entry.split(":")[0]).is_file():
             skipped.append(f"{name}: entrypoint {entry} not found (flow not written yet?), skipped")
             continue
-        base = read_yaml(root / configs[name]) if name in configs and (root / configs[name]).is_file() else {}
+        base = {}
+        if name in configs:
+            path = root / configs[name]
+            if not path.is_file():
+                raise ConfigError(f"deployment {name}: config file {configs[name]} not found (quipu.configs.{name} "
+                                  f"in the prefect.yaml)")
+            try:
+                base = read_yaml(path)
+            except ConfigError as e:
+                raise ConfigError(f"deployment {name}: {configs[name]}: {e}") from None
+        where = f"deployment {name} ({configs.get(name, 'no config file')})"
         params = dep.setdefault("parameters", {}) or {}
         dep["parameters"] = params
         if "config" in params or base:
             params["config"] = deep_merge(base, params.get("config") or {})
-            if check:
-                _validate(entry, params["config"], f"deployment {name}")
+        if check:
+            _validate(entry, params, where)
         for trig in dep.get("triggers", []) or []:
             tparams = trig.get("parameters")
-            if tparams and "config" in tparams:
-                tparams["config"] = deep_merge(params.get("config", {}), tparams["config"])
+            if tparams:
+                if "config" in tparams:
+                    tparams["config"] = deep_merge(params.get("config", {}), tparams["config"])
                 if check:
-                    _validate(entry, tparams["config"], f"deployment {name} trigger")
+                    _validate(entry, {"config": params.get("config", {})} | tparams, f"{where} trigger")
         deployments.append(dep)
         kept.append(name)
     if names:

@@ -25,7 +25,9 @@ def cmd_watch(args) -> int:
     if not args.once:
         from quipu.flows.watch import watch
         out = watch(cfg)
-        print(f"new files: {out['new']}  still being written: {len(out['unsettled'])}  unchanged: {out['unchanged']}")
+        print(f"new files: {out['new']}  still being written: {len(out['unsettled'])}  unchanged: {out['unchanged']}  "
+              f"waiting for their curate run: {out['pending']}  (this look: {out['settled']['seen']} seen, "
+              f"{out['settled']['retry']} announced again after a failed run)")
         if out.get("event_id"):
             print(f"event quipu.data.arrived {out['event_id']} → curate output {out['output']}")
         return 0
@@ -47,9 +49,9 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
         return 0
     print(f"{len(result.paths)} new files" + (f" ({result.deferred} more next time)" if result.deferred else ""))
     curate_cfg = load_config(CurateConfig, cfg.curate_config, curate_overrides)
-    curate_cfg = CurateConfig.model_validate({**curate_cfg.model_dump(), "input": result.paths,
+    curate_cfg = CurateConfig.model_validate({**curate_cfg.model_dump(), "input": result.paths, "dataset": cfg.dataset,
                                               "output": incremental_output(cfg, result.paths)})
-    rc = run_curate(curate_cfg)
+    rc = run_curate(curate_cfg, allow_empty=True)   # an increment of only duplicates is not an error
     if rc == 0:
         mark_seen(result, None)
     return rc

@@ -41,6 +41,10 @@ def format_funnel(run: dict, top: int = 5) -> str:
     out.append(f"{'stage':<12}{'input':>10}{'kept':>10}{'removed':>10}{'kept %':>9}{'seconds':>10}")
     for r in funnel_rows(run):
         out.append(f"{r['stage']:<12}{r['input']:>10}{r['kept']:>10}{r['removed']:>10}{r['kept %']:>9.1f}{r['seconds']:>10.1f}")
+    reused = [f"{s['name']} {s['reused_shards']}" for s in run["stages"] if s.get("reused_shards")]
+    if reused:
+        out.append("")
+        out.append("reused from an earlier run (shards or files; their seconds are not counted): " + ", ".join(reused))
     for s in run["stages"]:
         if s["removed_by_reason"]:
             out.append("")
@@ -85,6 +89,9 @@ def stage_markdown(report: dict) -> str:
     if report.get("quarantined"):
         lines += ["## Quarantine", "", f"{report['quarantined']} records or file parts could not be read:", ""]
         lines += [f"- {r}: {n}" for r, n in report.get("quarantine_by_reason", {}).items()]
+    if report.get("domains"):   # top sites and TLDs kept and removed (tasks/domain_stats.py)
+        from quipu.tasks.domain_stats import domain_markdown
+        lines += ["", domain_markdown(report["domains"])]
     if report.get("stats"):
         lines += ["", "## Stage statistics", "", "```json", json.dumps(report["stats"], indent=1)[:4000], "```"]
     return "\n".join(lines)

@@ -2,11 +2,17 @@
 model (+ a HF export), with progress and summary artifacts and the run registered in the catalog.
 
 Every step is resumable: the tokenizer and each token shard are skipped when their fingerprint
-matches, and `resume=True` continues training from the newest checkpoint. The blend (sources,
-weights, phase boundaries) is validated by `preflight` before any of it runs.
+matches (token shards are cached by content, so a new dataset version costs only its own shards),
+and `resume=True` continues training from the newest checkpoint. The blend (sources, versions,
+`where` columns, weights, phase boundaries) is validated by `preflight` before any of it runs, and
+the blend table is printed before the first step.
+
+`new_version` (set by the deployment's trigger on `quipu.curate.completed`) continues the run
+from its checkpoint with the new version in the blend, or starts it (trainer/continual.py).
 """
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -15,37 +21,43 @@ from prefect import flow, get_run_logger, task
 from quipu.catalog import registry
 from quipu.catalog.files import remove_stale_temporaries
 from quipu.catalog.ownership import output_lock
-from quipu.trainer.data import format_blend_report, resolve_phase_starts
-from quipu.trainer.prepare import build_tokenizer, resolve_sources, tokenize_source, write_prepared
-from quipu.trainer.train import TrainConfig, train
+from quipu.flows.progress import StepProgress, say
+from quipu.trainer import continual
+from quipu.trainer.continual import NewVersion
+from quipu.trainer.data import blend_report, format_blend_report, resolve_phase_starts
+from quipu.trainer.prepare import build_tokenizer, pinned_versions, resolve_sources, tokenize_source, write_prepared
+from quipu.trainer.train import TrainConfig, load_sources, plan_data, train
 
 
-def preflight(config: TrainConfig) -> dict[str, list[str]]:
-    """Everything that can be checked before work starts: sources exist, phases fit in the run."""
-    sources = resolve_sources(config.data)
+def preflight(config: TrainConfig, pinned: dict[str, list[int]] | None = None) -> dict[str, list[dict]]:
+    """Everything that can be checked before work starts: sources, versions and their columns
+    exist, phases fit in the run. `pinned`: the versions a plain resume keeps."""
+    sources = resolve_sources(config.data, pinned)
     max_steps = config.train.max_steps
     resolve_phase_starts(config.data, max_steps, lambda s: config.schedule.fraction(s, max_steps))
     return sources
 
 
 @task(name="tokenizer", persist_result=False)
-def tokenizer_task(config: TrainConfig, sources: dict[str, list[str]], run_dir: str):
-    tok, fert = build_tokenizer(config.tokenizer, sources, Path(run_dir))
+def tokenizer_task(config: TrainConfig, sources: dict[str, list[dict]], run_dir: str, keep: bool = False):
+    tok, fert = build_tokenizer(config.tokenizer, sources, Path(run_dir), keep)
     return str(tok.path.parent), fert
 
 
 @task(name="tokenize", persist_result=False)
-def tokenize_task(name: str, paths: list[str], tokenizer_dir: str, run_dir: str, config: TrainConfig, run_id: str):
+def tokenize_task(name: str, paths: list[dict], tokenizer_dir: str, run_dir: str, config: TrainConfig, run_id: str):
     from quipu.trainer.tokenizer import TextTokenizer
     return tokenize_source(name, paths, TextTokenizer.load(tokenizer_dir), Path(run_dir), config.data, run_id)
 
 
 class ProgressReporter:
-    """Training progress as an in-place Prefect progress artifact (rate-limited)."""
+    """Training progress: a line per logged step on the terminal, and an in-place Prefect progress
+    artifact (rate-limited)."""
 
     def __init__(self, max_steps: int, key: str):
         from prefect.artifacts import create_progress_artifact
         self.max_steps = max_steps
+        self.console = StepProgress(max_steps)   # the terminal's line per logged step
         self.last = 0.0
         try:
             self.id = create_progress_artifact(progress=0.0, key=key, description="training steps done (%)")
@@ -53,6 +65,7 @@ class ProgressReporter:
             self.id = None
 
     def __call__(self, m: dict) -> None:
+        self.console(m)
         now = time.monotonic()
         if self.id is None or (now - self.last < 2 and m["step"] < self.max_steps):
             return
@@ -65,37 +78,64 @@ class ProgressReporter:
 
 
 @flow(name="tokenize-train", log_prints=True, persist_result=False)
-def tokenize_train(config: TrainConfig, resume: bool = False) -> dict:
+def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVersion | None = None) -> dict:
     run_dir = Path(config.output).resolve()
     with output_lock(run_dir):   # one training run per run folder (a killed one's lock is gone with it)
         registry.mark_stale_runs_crashed("tokenize-train", output=str(run_dir))
-        return _tokenize_train(config, resume, run_dir)
+        pinned = pinned_versions(run_dir) if resume else None     # a plain resume keeps its data
+        if new_version is not None:
+            config, resume_or_reason = continual.continue_with(config, run_dir, new_version, trained_versions(run_dir))
+            if config is None:
+                get_run_logger().info("nothing to train: %s", resume_or_reason)
+                return {"skipped": resume_or_reason}
+            resume, pinned = resume_or_reason, None
+        return _tokenize_train(config, resume, run_dir, pinned, new_version)
 
 
-def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path) -> dict:
+def trained_versions(run_dir: Path) -> dict[str, list[int]] | None:
+    """The versions the last completed training run in `run_dir` read (a failed one does not count)."""
+    import json
+    run = registry.latest_run("tokenize-train", "completed", str(run_dir))
+    return json.loads(run["summary"]).get("versions") if run and run.get("summary") else None
+
+
+def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, new_version) -> dict:
     log = get_run_logger()
     remove_stale_temporaries(run_dir)
-    sources = preflight(config)
+    sources = preflight(config, pinned)
     run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))
     try:
-        tok_dir, fert = tokenizer_task(config, sources, str(run_dir))
+        tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
         log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
                  {k: v["tokens_per_word"] for k, v in fert.items()})
-        futures = {n: tokenize_task.submit(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
-        markers = {n: f.result() for n, f in futures.items()}
+        say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word']:.2f}" for k, v in fert.items()))
+        # one selection after another (each tokenizes its shards in parallel): selections that share
+        # shards (cc-main and cc-main@3) find them done
+        markers = {n: tokenize_task(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
         from quipu.trainer.tokenizer import TextTokenizer
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():
-            log.info("source %s: %d documents, %d tokens", n, s["docs"], s["tokens"])
+            new = sum(1 for m in markers[n] if not m.get("reused"))
+            log.info("source %s: versions %s, %d documents, %d tokens (%d of %d shards tokenized now)", n,
+                     prepared["versions"][n], s["docs"], s["tokens"], new, len(markers[n]))
+            say(f"source {n}: versions {prepared['versions'][n]}, {s['docs']:,} documents, {s['tokens']:,} tokens "
+                f"({new} of {len(markers[n])} shards tokenized now)")
+        phases, _ = plan_data(config, load_sources(config, prepared))
+        blend = format_blend_report(blend_report(phases))
+        log.info("blend:\n%s", blend)
+        say("blend:\n" + blend)   # before training, not after
+        step = continual.checkpoint_step(run_dir) if resume else None
+        continual.record(run_dir, config, {"started": dt.datetime.now(dt.timezone.utc).isoformat(), "run_id": run_id,
+                                           "from_step": step or 0, "max_steps": config.train.max_steps,
+                                           "new_version": new_version.model_dump() if new_version else None,
+                                           "versions": prepared["versions"]})
         summary = train(config, run_dir, resume=resume, on_log=ProgressReporter(config.train.max_steps, "train-progress"))
-        blend = (run_dir / "blend.json")
-        if blend.exists():
-            import json
-            log.info("blend:\n%s", format_blend_report(json.loads(blend.read_text())))
         if config.export_hf:
             from quipu.trainer.export import export_hf
             summary["hf"] = str(export_hf(run_dir, run_dir / "hf"))
         summary["tokens"] = prepared["summary"]
+        summary["versions"] = prepared["versions"]
+        summary["resumed_from_step"] = step
         summary["fertility"] = fert
         registry.register_model(run_dir.name, "llm", summary.get("hf") or str(run_dir), config.model_dump(mode="json"),
                                 {"eval_loss": summary["eval_loss"], "final_loss": summary["final_loss"],

@@ -15,8 +15,38 @@ def load_train_config(args):
     if args.output:
         overrides.append(f"output={args.output}")
     if args.max_steps:
-        overrides.append(f"train.max_steps={args.max_steps}")
+        overrides += steps_scaled(args.config, overrides, args.max_steps)
     return load_config(TrainConfig, args.config, overrides)
+
+
+def steps_scaled(path: str, overrides: list[str], max_steps: int) -> list[str]:
+    """`--max-steps N` as overrides: train.max_steps, and what is counted in steps scaled by the same
+    factor (warm-up, phase start steps) unless set explicitly, so a short trial run of a long config
+    keeps its shape instead of failing on a warm-up longer than the run. Each change is printed."""
+    from quipu.flows.config import apply_overrides, read_yaml
+    raw = apply_overrides(read_yaml(path), list(overrides))
+    old = int((raw.get("train") or {}).get("max_steps") or 1000)
+    if max_steps == old:
+        return [f"train.max_steps={max_steps}"]
+    factor = max_steps / old
+    out = [f"train.max_steps={max_steps}"]
+    explicit = {o.split("=", 1)[0].strip() for o in overrides}
+    warmup = (raw.get("schedule") or {}).get("warmup_steps")
+    if warmup is None:
+        warmup = 100   # ScheduleConfig's default
+    if "schedule.warmup_steps" not in explicit and warmup:
+        new = min(max_steps - 1, max(0, round(warmup * factor)))
+        if new != warmup:
+            out.append(f"schedule.warmup_steps={new}")
+            print(f"--max-steps {max_steps}: schedule.warmup_steps {warmup} -> {new} (scaled with train.max_steps {old} -> {max_steps})")
+    phases = ((raw.get("data") or {}).get("phases")) or []
+    if "data.phases" not in explicit and any(isinstance(p, dict) and p.get("start_step") for p in phases):
+        import json
+        scaled = [dict(p, start_step=max(1, min(max_steps - 1, round(p["start_step"] * factor))))
+                  if isinstance(p, dict) and p.get("start_step") else p for p in phases]
+        out.append(f"data.phases={json.dumps(scaled)}")
+        print(f"--max-steps {max_steps}: data.phases[].start_step scaled by {factor:.3g}")
+    return out
 
 
 def cmd_train(args) -> int:

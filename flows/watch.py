@@ -4,7 +4,12 @@ It lists the configured locations through fsspec (local directories, `s3://…`,
 compares what it finds with the catalog's `files_seen` table (path, size, mtime, optionally a
 checksum) and emits one Prefect event `quipu.data.arrived` whose payload carries the new paths.
 The `curate` deployment has a trigger on that event (deploy/prefect.yaml) that starts an
-incremental run over exactly those files.
+incremental run over exactly those files, into the dataset `dataset` (a new version of it).
+
+Announced files are *pending* (table `files_pending`) until the curate run that took them
+completes: each look first settles the pending batches. A completed run marks its files seen; a
+failed, crashed or cancelled one (or none at all `retry_after_s` after the event) puts them back,
+so they are announced again, up to `max_attempts` times.
 
 A file still being written is not announced: it must show the same size and mtime on two looks
 `settle_s` apart, or, with `marker_suffix` set (e.g. `.done`), have its marker file beside it.
@@ -44,6 +49,9 @@ class WatchConfig(BaseModel):
     checksum: bool = Field(False, description="also compare sha256 (local files): a touched but unchanged file is not new")
     max_files: int = Field(1000, ge=1, description="most files announced per event; the rest wait for the next look")
     output_root: str = Field("runs/incremental", description="each incremental curate run writes to OUTPUT_ROOT/inc-<time>-<hash>")
+    dataset: str = Field("crawl", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the curated dataset the new files go into: each curate run adds a version (and dedups against the earlier ones)")
+    retry_after_s: float = Field(3600, gt=0, description="announced files with no curate run this long after the event are announced again")
+    max_attempts: int = Field(3, ge=1, description="files whose curate runs failed this many times wait (logged) until they change")
     curate_config: str = Field("configs/curate/demo.yaml", description="curate config used by `quipu watch --once`")
 
     @field_validator("locations", "suffixes", mode="before")
@@ -74,6 +82,7 @@ class Scan:
     unsettled: list[str]                   # still being written (or without their marker)
     unchanged: int = 0
     deferred: int = 0                      # ready, but over max_files: announced next time
+    pending: int = 0                       # announced, their curate run not completed yet
 
     @property
     def paths(self) -> list[str]:
@@ -166,12 +175,15 @@ def scan(cfg: WatchConfig, sleep: Callable[[float], None] = time.sleep) -> Scan:
         ready, unsettled = ready_files(a, b, cfg)
         result.unsettled += unsettled
         seen = registry.files_seen(loc.key)
+        pending = {r["path"]: r for r in registry.files_pending(loc.key) if r["output"]}   # "" : to announce again
         fresh = []
         for path in ready:
             size, mtime = b[path]
             state = FileState(path, size, mtime, loc.checksum(path) if cfg.checksum else None)
             if not is_new(state, seen.get(path)):
                 result.unchanged += 1
+            elif not is_new(state, pending.get(path)):
+                result.pending += 1
             elif budget > 0:
                 fresh.append(state)
                 budget -= 1
@@ -187,6 +199,74 @@ def mark_seen(result: Scan, run_id: str | None) -> None:
         registry.mark_files_seen(location, [asdict(f) for f in files], run_id)
 
 
+def mark_pending(result: Scan, event_id: str, output: str) -> None:
+    for location, files in result.new.items():
+        registry.add_files_pending(location, [asdict(f) for f in files], event_id, output)
+
+
+# What became of the curate run an announcement asked for (Prefect state types).
+DONE, FAILED, ACTIVE = "COMPLETED", ("FAILED", "CRASHED", "CANCELLED"), ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING")
+
+
+def curate_run_state(output: str, since: dt.datetime) -> tuple[str | None, str | None]:
+    """(state type, flow run id) of the newest curate flow run into `output` created after `since`;
+    (None, None) when there is none. Asks the Prefect API; the catalog answers for runs it knows
+    completed when the API has no such run (e.g. a cron `quipu watch --once` elsewhere)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterExpectedStartTime
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    since = since.replace(tzinfo=dt.timezone.utc) - dt.timedelta(minutes=1)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["curate"])),
+            flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since)),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+    for r in runs:
+        cfg = (r.parameters or {}).get("config") or {}
+        if isinstance(cfg, dict) and cfg.get("output") == output:
+            return (r.state.type.value if r.state else "PENDING"), str(r.id)
+    run = registry.get_run(output)
+    if run is not None and run["status"] == "completed":
+        return DONE, run["id"]
+    return None, None
+
+
+def settle_pending(cfg: WatchConfig, log=None) -> dict:
+    """Look at the curate runs of announced files: completed → seen; failed/crashed/cancelled, or
+    no run after `retry_after_s` → announce again (up to `max_attempts`); still running → wait."""
+    counts = {"seen": 0, "retry": 0, "waiting": 0, "gave_up": 0}
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    for loc in (Location(u).key for u in cfg.locations):
+        batches: dict[str, list[dict]] = {}
+        for row in registry.files_pending(loc):
+            if row["output"]:
+                batches.setdefault(row["output"], []).append(row)
+        for output, rows in batches.items():
+            announced = min(r["announced"] for r in rows)
+            state, run_id = curate_run_state(output, announced)
+            paths = [r["path"] for r in rows]
+            if state == DONE:
+                registry.mark_files_seen(loc, rows, run_id)
+                registry.drop_files_pending(loc, paths)
+                counts["seen"] += len(rows)
+            elif state in FAILED or (state is None and (now - announced).total_seconds() > cfg.retry_after_s):
+                if max(r["attempts"] or 1 for r in rows) >= cfg.max_attempts:
+                    counts["gave_up"] += len(rows)
+                    if log:
+                        log.warning("%d files failed to curate %d times (last run %s, %s): left until they change: %s",
+                                    len(rows), cfg.max_attempts, run_id, state, ", ".join(paths[:5]))
+                    continue
+                registry.requeue_files_pending(loc, paths)   # announced again below, attempts counted on
+                counts["retry"] += len(rows)
+                if log:
+                    log.warning("curate run for %d files %s (%s): announcing them again", len(rows),
+                                state.lower() if state else "never started", run_id or output)
+            else:
+                counts["waiting"] += len(rows)
+    return counts
+
+
 def incremental_output(cfg: WatchConfig, paths: list[str]) -> str:
     """A fresh run directory per batch of new files: OUTPUT_ROOT/inc-<UTC time>-<hash of the paths>."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -198,8 +278,8 @@ def announce(cfg: WatchConfig, result: Scan) -> dict:
     from prefect.events import emit_event
 
     paths = result.paths
-    payload = {"paths": paths, "output": incremental_output(cfg, paths), "locations": sorted(result.new),
-               "count": len(paths)}
+    payload = {"paths": paths, "output": incremental_output(cfg, paths), "dataset": cfg.dataset,
+               "locations": sorted(result.new), "count": len(paths)}
     event = emit_event(event=EVENT, resource={"prefect.resource.id": RESOURCE_PREFIX + cfg.name,
                                               "prefect.resource.name": f"quipu watcher {cfg.name}"},
                        payload=payload)
@@ -212,16 +292,17 @@ def announce(cfg: WatchConfig, result: Scan) -> dict:
 def watch(config: WatchConfig = WatchConfig()) -> dict:
     """Announce new or changed input files with a `quipu.data.arrived` event (nothing new: no event)."""
     log = get_run_logger()
+    settled = settle_pending(config, log)
     result = scan(config)
     out = {"new": len(result.paths), "unsettled": result.unsettled, "unchanged": result.unchanged,
-           "deferred": result.deferred}
+           "deferred": result.deferred, "pending": result.pending, "settled": settled}
     if result.unsettled:
         log.info("%d files still being written, left for the next look: %s", len(result.unsettled),
                  ", ".join(result.unsettled[:5]))
     if not result.paths:
-        log.info("no new input files (%d unchanged)", result.unchanged)
+        log.info("no new input files (%d unchanged, %d waiting for their curate run)", result.unchanged, result.pending)
         return out
     sent = announce(config, result)
-    mark_seen(result, sent["event_id"])
+    mark_pending(result, sent["event_id"], sent["output"])
     log.info("announced %d new files in event %s; curate output %s", len(result.paths), sent["event_id"], sent["output"])
     return {**out, **sent}

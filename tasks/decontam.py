@@ -15,8 +15,8 @@ tokenised again with character offsets, to report and cut the matched spans.
 Policies: `drop` removes a document with a hit (reason `contaminated:<benchmark>`, the benchmark
 with the most matched words); `cut` removes the matched spans plus `cut_margin_words` on each side
 and keeps the rest, recording what was cut in `decontam_cuts` (a document left with fewer than
-`min_words_after_cut` words is dropped). Every row gets `decontam_hits`: a JSON list of
-{benchmark, item, start, end} (character offsets in the text as the stage read it).
+`min_words_after_cut` words is dropped). Every row gets `decontam_hits`: a list of structs
+{benchmark, item, start, end, words} (character offsets in the text as the stage read it).
 
 The index is built once per benchmark set and cached on disk under a key made of the benchmark
 files' SHA-256, the fields and the matching parameters; a changed benchmark file gives a new key,
@@ -24,7 +24,6 @@ and the key is part of the stage fingerprint, so finished shards are redone agai
 """
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import unicodedata
@@ -42,8 +41,13 @@ from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, module_version, snippet, split_by_mask
 
 EXAMPLES_PER_BENCHMARK = 3
-HITS = pa.field("decontam_hits", pa.string())
-CUTS = pa.field("decontam_cuts", pa.string())
+# Nested Arrow types, not JSON strings: polars, duckdb and `datasets` query them directly
+# (e.g. `pl.col("decontam_hits").list.len() > 0`).
+HIT = pa.struct([pa.field("benchmark", pa.string()), pa.field("item", pa.string()),
+                 pa.field("start", pa.int32()), pa.field("end", pa.int32()), pa.field("words", pa.int32())])
+CUT = pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32()), pa.field("text", pa.string())])
+HITS = pa.field("decontam_hits", pa.list_(HIT))
+CUTS = pa.field("decontam_cuts", pa.list_(CUT))
 
 class DecontamConfig(StageConfig):
     benchmarks: list[str] = Field(default_factory=lambda: ["humaneval"], min_length=1,
@@ -226,6 +230,7 @@ def _dominant(hits: list[Hit]) -> str:
 
 class Decontaminate(Stage):
     name = "decontam"
+    columns = (HITS, CUTS)
     Config = DecontamConfig
 
     def __init__(self, config: DecontamConfig, context: RunContext | None = None, index: BenchmarkIndex | None = None):
@@ -287,27 +292,27 @@ class Decontaminate(Stage):
         for i in range(batch.num_rows):
             m = by_doc.get(i)
             if m is None or not m.hits:
-                hits_col.append("[]"); cuts_col.append("[]"); keep.append(True); reasons.append(None)
+                hits_col.append([]); cuts_col.append([]); keep.append(True); reasons.append(None)
                 continue
             text = texts[i]
-            hits_col.append(json.dumps([h.__dict__ for h in m.hits], ensure_ascii=False))
+            hits_col.append([h.__dict__ for h in m.hits])
             bench = _dominant(m.hits)
             stats.contaminated(ids[i], text, m.hits)
             if cfg.policy == "cut":
                 rest, cuts = cut_text(text, m.cut_spans)
-                cuts_col.append(json.dumps(cuts, ensure_ascii=False))
+                cuts_col.append(cuts)
                 if len(split_words([rest])[0]) >= max(1, cfg.min_words_after_cut):
                     texts[i], changed = rest, True
                     keep.append(True); reasons.append(None)
                     stats.cut(m.hits, sum(b - a for a, b in m.cut_spans))
                     continue
             else:
-                cuts_col.append("[]")
+                cuts_col.append([])
             keep.append(False); reasons.append(f"contaminated:{bench}")
 
         if changed:
             batch = set_column(batch, batch.schema.field("text"), pa.array(texts, pa.string()))
-        batch = set_column(set_column(batch, HITS, hits_col), CUTS, cuts_col)
+        batch = set_column(set_column(batch, HITS, pa.array(hits_col, HITS.type)), CUTS, pa.array(cuts_col, CUTS.type))
         kept, removed = split_by_mask(batch, keep, reasons)
         return Outcome(kept, removed, stats.as_dict())
 

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
+from quipu.tasks.schema import conform
 from quipu.tasks.stage import Outcome, RunContext, Shard, ShardResult, ShardWriter, Stage, StageConfig, snippet
 
 EXAMPLES_PER_REASON = 3
@@ -117,7 +118,8 @@ def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardRe
 
     t0 = time.perf_counter()
     kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet")
-    removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet")
+    from quipu.tasks.pipeline import REMOVED_SCHEMA
+    removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
     counts: dict[str, int] = {}
     examples: dict[str, list[dict]] = {}
     stats: dict[str, Any] = {}
@@ -134,13 +136,12 @@ def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardRe
             b, c = text_sizes(batch); bytes_in += b; chars_in += c
             b, c = text_sizes(out.kept); bytes_out += b; chars_out += c
             kept_w.write(out.kept)
-            removed_w.write(out.removed)
+            removed_w.write(conform(out.removed, REMOVED_SCHEMA, stage.name))
             count_reasons(out.removed, counts, examples)
             merge_counts(stats, out.stats)
         if empty:  # an empty shard still yields (empty) outputs with the stage's schema
             out = stage.process(pf.schema_arrow.empty_table(), shard_plan)
             kept_w.write(out.kept)
-            removed_w.write(out.removed)
         kept = kept_w.close()
         removed = removed_w.close()
     except BaseException:
@@ -215,10 +216,10 @@ class InProcess:
         return combine_stage(ref, scans, self.map_fn(lambda p: plan_part(ref, scans, p), parts))
 
     def process(self, ref: StageRef, shards: list[Shard], plan: Any,
-                progress: Callable[[float], object] | None = None) -> list[ShardResult]:
+                progress: Callable[[ShardResult], object] | None = None) -> list[ShardResult]:
         results = self.map_fn(lambda s: process_one(ref, s, plan), shards)
-        if progress is not None:
-            progress(1.0)
+        for r in results if progress is not None else []:
+            progress(r)
         return results
 
     def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
@@ -226,8 +227,9 @@ class InProcess:
 
 
 def run_stage(ref: StageRef, shards: list[Shard], phases=None,
-              progress: Callable[[float], object] | None = None) -> tuple[list[ShardResult], dict]:
-    """Every phase of one stage over `shards`, in order; returns the shard results and the report."""
+              progress: Callable[[ShardResult], object] | None = None) -> tuple[list[ShardResult], dict]:
+    """Every phase of one stage over `shards`, in order; returns the shard results and the report.
+    `progress(result)` is called as each shard's processing is collected (the progress display)."""
     phases = phases or InProcess()
     stage = ref.build()
     stage.check()
@@ -240,10 +242,14 @@ def run_stage(ref: StageRef, shards: list[Shard], phases=None,
     committed = phases.commit(ref, scans, plan)
     commit_s = time.perf_counter() - t0
     report = aggregate(stage.name, results)
+    from quipu.tasks.domain_stats import domain_report
+    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
     # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
     scan_s = sum(s.seconds for s in scans) if scans else 0.0
     report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
-    report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans else None, plan, committed)
+    # a scanning stage always gets a list (empty for a run of no documents), others None
+    report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans is not None else None,
+                                     plan, committed)
     return results, report
 
 
@@ -255,10 +261,13 @@ def aggregate(stage: str, results: list[ShardResult]) -> dict:
                               "bytes_in": 0, "bytes_out": 0, "chars_in": 0, "chars_out": 0,
                               "seconds": 0.0, "removed_by_reason": {}, "examples": {}, "stats": {},
                               "shards": []}
+    report["reused_shards"] = 0
     for r in results:
         for k in ("input_docs", "kept_docs", "removed_docs", "bytes_in", "bytes_out", "chars_in", "chars_out"):
             report[k] += getattr(r, k)
-        report["seconds"] += r.seconds
+        # a shard reused from an earlier run cost nothing now: its stored seconds are not this run's
+        report["seconds"] += 0.0 if r.skipped else r.seconds
+        report["reused_shards"] += int(r.skipped)
         for reason, n in r.removed_by_reason.items():
             report["removed_by_reason"][reason] = report["removed_by_reason"].get(reason, 0) + n
         for reason, ex in r.examples.items():

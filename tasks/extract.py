@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
 from quipu.tasks import readers, records, text_repair, warc
-from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, REASON
+from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, TEXT_BYTES, conform
 from quipu.tasks.driver import count_reasons, load_done
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
@@ -31,8 +31,7 @@ import sys
 STAGE = "extract"
 # Removed rows carry the document's size in bytes: a too-large document keeps only its first
 # TOO_LARGE_CHARS characters in `text` (its full text is never held past the decision).
-TEXT_BYTES = pa.field("text_bytes", pa.int64())
-REMOVED_SCHEMA = BASE_SCHEMA.append(REASON).append(TEXT_BYTES)
+REMOVED_FIELDS = BASE_SCHEMA.append(pa.field("reason", pa.string(), nullable=False)).append(TEXT_BYTES)
 TOO_LARGE_CHARS = readers.TOO_LARGE_PREFIX_BYTES
 TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:html_too_large")
 
@@ -62,7 +61,14 @@ WORKER_START_TIMEOUT_S = 300
 
 
 def _serve(conn) -> None:  # runs in the child
+    import logging
+
     import trafilatura
+    # trafilatura logs "lxml parsing failed: Document is empty" and the like at ERROR for pages with
+    # no text; each such page is already counted as a removal with its reason (extract:no_text), so
+    # its log lines are noise on the user's terminal
+    logging.getLogger("trafilatura").addHandler(logging.NullHandler())
+    logging.getLogger("trafilatura").propagate = False
     conn.send(("ready", None))
     while True:
         try:
@@ -257,6 +263,8 @@ class _Outputs:
         self.kept_shards: list[Shard] = []
         self.kept_w: ShardWriter | None = None
         self.kept_bytes = 0
+        from quipu.tasks.pipeline import REMOVED_SCHEMA   # every stage's removed/ shares one schema
+        self.removed_schema = REMOVED_SCHEMA
         self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", REMOVED_SCHEMA)
         self.kept_rows: list[dict] = []
         self.removed_rows: list[dict] = []
@@ -287,7 +295,7 @@ class _Outputs:
             self.kept_w.write(pa.Table.from_pylist(self.kept_rows, BASE_SCHEMA))
             self.kept_rows = []
         if self.removed_rows:
-            table = pa.Table.from_pylist(self.removed_rows, REMOVED_SCHEMA)
+            table = conform(pa.Table.from_pylist(self.removed_rows, REMOVED_FIELDS), self.removed_schema, "extract")
             self.removed_w.write(table)
             count_reasons(table, self.counts, self.examples)
             self.removed_rows = []

@@ -80,6 +80,7 @@ def predict_top(model, texts: list[str]) -> tuple[list[str], list[float]]:
 
 class LanguageId(Stage):
     name = "langid"
+    columns = (LANG, LANG_SCORE)
     Config = LangIdConfig
 
     def __init__(self, config: LangIdConfig, context: RunContext | None = None):

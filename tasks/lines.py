@@ -200,6 +200,7 @@ def _frequent(prefixes: tuple[str, ...], fingerprint: str) -> list[tuple[np.ndar
 
 class LineDedup(Stage):
     name = "lines"
+    columns = (REMOVED_LINE_SPANS,)
     Config = LinesConfig
 
     # ---- where things are

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.tasks.stage import Shard, ShardWriter
+from quipu.tasks.urls import with_url_columns
 
 
 class OutputConfig(BaseModel):
@@ -23,6 +24,7 @@ class OutputConfig(BaseModel):
     shard_mb: float = Field(128.0, gt=0, description="target size of one curated shard (text bytes)")
     batch_rows: int = Field(2000, gt=0)
     sort_by: str | None = Field(None, description="write in ascending order of this column within each source (curriculum), e.g. ppl_wayra")
+    license: str | None = Field(None, description="licence field of the dataset card OUT/README.md (a Hub licence id, e.g. cc-by-4.0); null: other")
 
 
 def unify_schema(shards: list[Shard]) -> pa.Schema | None:
@@ -59,7 +61,10 @@ def _batches(shards: list[Shard], schema: pa.Schema, cfg: OutputConfig):
 
 def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -> list[Shard]:
     out_dir = Path(out_dir)
-    marker = out_dir / "_curated.json"
+    # the reuse marker sits beside the folder, not in it: `pl.read_parquet("OUT/curated/")` and
+    # `load_dataset("parquet", data_dir=...)` read every file of the folder
+    marker = out_dir.with_name(f".{out_dir.name}.json")
+    (out_dir / "_curated.json").unlink(missing_ok=True)     # where older versions kept it
     fp = sha256_json({"inputs": [s.sha256 for s in shards], "config": cfg.model_dump(mode="json")})
     if marker.exists():
         done = read_json(marker)
@@ -75,8 +80,9 @@ def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -
         for batch in _batches(shards, schema, cfg):
             if batch.num_rows == 0:
                 continue
+            batch = with_url_columns(batch)   # `domain`, `tld`: a blend's `where` can weight by site
             if writer is None:
-                writer = ShardWriter(out_dir / f"part-{len(parts):05d}.parquet", schema)
+                writer = ShardWriter(out_dir / f"part-{len(parts):05d}.parquet", batch.schema)
             writer.write(batch)
             size += int(pc.sum(pc.binary_length(batch.column("text"))).as_py() or 0)
             if size >= target:

@@ -137,6 +137,7 @@ def bucket_of(score: float | None, cut: dict | None) -> str | None:
 
 class PerplexityStage(Stage):
     name = "perplexity"
+    columns = (PPL_WAYRA, PPL_KENLM, PPL_BUCKET)
     Config = PerplexityConfig
 
     @cached_property

@@ -227,6 +227,7 @@ def redact(text: str, found: list[tuple[int, int, str]]) -> tuple[str, list[dict
 
 class PiiRedaction(Stage):
     name = "pii"
+    columns = (PII_SPANS,)
     Config = PiiConfig
 
     def check(self) -> None:

@@ -14,6 +14,7 @@ from quipu.tasks.lines import LineDedup
 from quipu.tasks.perplexity import PerplexityStage
 from quipu.tasks.pii import PiiRedaction
 from quipu.tasks.quality import QualityFilter
+from quipu.tasks.schema import removed_schema
 from quipu.tasks.stage import Stage
 from quipu.tasks.terminal_punct import TerminalPunctFilter
 from quipu.tasks.urls import UrlFilter
@@ -31,6 +32,9 @@ STAGES: list[type[Stage]] = [
     PiiRedaction,        # edits kept text only: nothing after it sees personal data
     PerplexityStage,     # last: scores what is kept
 ]
+
+
+REMOVED_SCHEMA = removed_schema(list({f.name: f for s in STAGES for f in s.columns}.values()))
 
 
 def stage_names() -> list[str]:

@@ -20,6 +20,8 @@ BASE_FIELDS = [
 BASE_SCHEMA = pa.schema(BASE_FIELDS)
 
 REASON = pa.field("reason", pa.string(), nullable=False)
+STAGE = pa.field("stage", pa.string(), nullable=False)      # which stage removed the row
+TEXT_BYTES = pa.field("text_bytes", pa.int64())            # extract: size of a too-large record (its text is cut)
 
 QUARANTINE_SCHEMA = pa.schema([
     pa.field("source", pa.string()),
@@ -45,3 +47,28 @@ def set_column(table: pa.Table, field: pa.Field, values) -> pa.Table:
 
 def empty_like(table: pa.Table) -> pa.Table:
     return table.schema.empty_table()
+
+
+def removed_schema(stage_columns: list[pa.Field]) -> pa.Schema:
+    """The one schema of every `<stage>/removed/*.parquet` of a run, so that
+    `pl.scan_parquet("OUT/*/removed/*.parquet")` reads them all as one table: the base columns, the
+    removing `stage` and its `reason`, then every column any stage adds (null where it did not run)."""
+    return pa.schema([*BASE_FIELDS, STAGE, REASON, TEXT_BYTES, *stage_columns])
+
+
+def conform(table: pa.Table, schema: pa.Schema, stage: str) -> pa.Table:
+    """`table` (a stage's removed rows) in `schema`: `stage` filled in, absent columns null. A column
+    the schema does not know is an error: a stage must declare what it adds (`Stage.columns`)."""
+    unknown = [c for c in table.column_names if c not in schema.names]
+    if unknown:
+        raise ValueError(f"stage {stage}: removed rows carry undeclared columns {unknown} (add them to the stage's `columns`)")
+    n = table.num_rows
+    arrays = []
+    for f in schema:
+        if f.name == STAGE.name:
+            arrays.append(pa.array([stage] * n, pa.string()))
+        elif f.name in table.column_names:
+            arrays.append(table.column(f.name).cast(f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -81,6 +81,11 @@ def compute_cutoffs(scored: dict[str, list[tuple[float, str]]], cfg: ScoreFilter
 class ScoreFilter(Stage):
     score_field: ClassVar[pa.Field]
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "score_field" in cls.__dict__:   # the score column is the filter's column
+            cls.columns = (cls.score_field,)
+
     def score(self, batch: pa.Table) -> list[float]:  # pragma: no cover - interface
         raise NotImplementedError
 

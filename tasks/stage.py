@@ -149,6 +149,9 @@ class Stage:
     """One stage after extract. Subclasses set `name` and `Config` and implement `process`."""
     name: ClassVar[str]
     Config: ClassVar[type[StageConfig]]
+    # every column the stage adds to its rows (kept or removed): declared, so that all removed/
+    # shards of a run share one schema (quipu.tasks.pipeline.REMOVED_SCHEMA)
+    columns: ClassVar[tuple[pa.Field, ...]] = ()
 
     def __init__(self, config: StageConfig, context: RunContext | None = None):
         self.config = config

@@ -109,6 +109,38 @@ def host_of(url: str) -> str:
     return host.rsplit("@", 1)[-1].split(":", 1)[0]
 
 
+@lru_cache(maxsize=1 << 18)   # ~50 MB at most; every stage's report looks the same hosts up
+def host_domain(host: str) -> tuple[str | None, str | None]:
+    """(registered domain, top-level domain) of a host: `news.bbc.co.uk` -> (bbc.co.uk, uk),
+    `www.folha.uol.com.br` -> (uol.com.br, br); an IP address: (the address, None); a host
+    without a public suffix (`localhost`, junk): (None, None)."""
+    if not host:
+        return None, None
+    parts = _tld_extractor()(host)
+    if not parts.suffix:
+        return (host, None) if parts.ipv4 or parts.ipv6 else (None, None)
+    return parts.top_domain_under_public_suffix or host, parts.suffix.rsplit(".", 1)[-1]
+
+
+def url_domains(urls: list[str | None]) -> tuple[list[str | None], list[str | None]]:
+    """The `domain` and `tld` columns curate adds: registered domain and public suffix per URL."""
+    pairs = [host_domain(host_of(u)) if u else (None, None) for u in urls]
+    return [d for d, _ in pairs], [t for _, t in pairs]
+
+
+URL_FIELDS = [pa.field("domain", pa.string()), pa.field("tld", pa.string())]
+
+
+def with_url_columns(table: pa.Table) -> pa.Table:
+    """`table` with `domain` and `tld` from its `url` (replacing any earlier ones; null without a URL)."""
+    urls = table.column("url").to_pylist() if "url" in table.column_names else [None] * table.num_rows
+    for f, values in zip(URL_FIELDS, url_domains(urls)):
+        if f.name in table.column_names:
+            table = table.drop_columns([f.name])
+        table = table.append_column(f, pa.array(values, f.type))
+    return table
+
+
 def host_suffixes(host: str) -> list[str]:
     """`a.b.example.com` -> [a.b.example.com, b.example.com, example.com, com]."""
     parts = host.split(".")

@@ -197,10 +197,11 @@ def light_curate_config(dest: Path, **extra) -> Path:
     return dest
 
 
-def deploy_file(dest: Path, curate_config: Path, pool: str, names: list[str]) -> Path:
+def deploy_file(dest: Path, curate_config: Path, pool: str, names: list[str], configs: dict | None = None) -> Path:
     """deploy/prefect.yaml with its triggers as they are, but a test pool, test configs, no schedules."""
     spec = yaml.safe_load((ROOT / "deploy/prefect.yaml").read_text())
     spec["quipu"]["configs"]["curate"] = str(curate_config)
+    spec["quipu"]["configs"].update(configs or {})
     spec["deployments"] = [d for d in spec["deployments"] if d["name"] in names]
     for d in spec["deployments"]:
         d["work_pool"] = {**d["work_pool"], "name": pool}

@@ -86,6 +86,81 @@ def test_curated_loads_with_polars_and_datasets(reference_run):
     ds = datasets.load_dataset("parquet", data_files=files, split="train",
                                cache_dir=str(reference_run.parent / "hf-cache"))
     assert ds.num_rows == df.height and ds[0]["id"] == df["id"][0]
+    # the folder itself, as other tools are pointed at it: nothing but parquet shards inside
+    curated = reference_run / "curated"
+    assert pl.read_parquet(curated).height == df.height
+    by_dir = datasets.load_dataset("parquet", data_dir=str(curated), split="train",
+                                   cache_dir=str(reference_run.parent / "hf-cache-dir"))
+    assert by_dir.num_rows == df.height
+    # every stage's removed rows as one table: one schema across stages, `stage` and `reason` on each row
+    removed = pl.scan_parquet(str(reference_run / "*" / "removed" / "*.parquet")).collect()
+    per_stage = {s["name"]: s["removed_docs"] for s in run["stages"] if s["removed_docs"]}
+    assert removed.height == sum(per_stage.values())
+    assert dict(removed.group_by("stage").len().iter_rows()) == per_stage
+    assert removed["reason"].null_count() == 0
+    # nested signals are Arrow lists of structs, queryable without JSON parsing
+    assert df.schema["decontam_hits"] == pl.List(pl.Struct({"benchmark": pl.String, "item": pl.String, "start": pl.Int32,
+                                                            "end": pl.Int32, "words": pl.Int32}))
+
+
+def test_outputs_follow_the_umask_and_report_survives_a_closed_pipe(reference_run):
+    import stat
+    from quipu.catalog.files import UMASK
+    for p in [reference_run / "run.json", *curated_files(reference_run), *(reference_run / "dedup" / "kept").glob("*")]:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~UMASK, p
+    head = subprocess.run(f"{sys.executable} -m quipu.flows.cli report {reference_run} | head -1", shell=True,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert head.stdout.startswith("run ") and "Traceback" not in head.stderr and "BrokenPipe" not in head.stderr
+    # a reader that never reads (the write fails with EPIPE): still no traceback
+    gone = subprocess.run(f"{sys.executable} -m quipu.flows.cli report {reference_run} | true", shell=True,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in gone.stderr and "Exception ignored" not in gone.stderr, gone.stderr
+
+
+def test_html_report_renders_in_chromium(reference_run, tmp_path):
+    """`quipu report RUN --html`: one self-contained page, opened in headless chromium as a person
+    would: it renders, its charts load (and nothing is fetched from the network), and the funnel's
+    numbers are run.json's."""
+    import shutil
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("needs Debian chromium (apt-get install chromium; .ci/run installs it)")
+    from tests.ops_helpers import Chromium
+    page_path = tmp_path / "report.html"
+    p = run_quipu("report", str(reference_run), "--html", str(page_path))
+    assert p.returncode == 0 and page_path.is_file(), p.stderr[-2000:]
+    run = json.loads((reference_run / "run.json").read_text())
+    js = run_quipu("report", str(reference_run), "--json")
+    assert json.loads(js.stdout)["run"]["curated"] == run["curated"]
+    browser = Chromium(tmp_path)
+    try:
+        page = browser.open(page_path.as_uri())
+        page.wait_for_text(["Funnel", *[s["name"] for s in run["stages"]]], timeout=60)
+        charts = page.eval("Array.from(document.querySelectorAll('img.chart')).map(i => [i.alt, i.complete && i.naturalWidth])")
+        titles = [t for t, _ in charts]
+        assert all(w and w > 300 for _, w in charts), charts
+        assert titles[:2] == ["Funnel", "Bytes in and out"]
+        assert {f"{s['name']}: removal reasons" for s in run["stages"] if s["removed_docs"]} <= set(titles)
+        fetched = page.eval("performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith('data:'))")
+        assert fetched == [], fetched
+        cells = page.eval("Array.from(document.querySelectorAll('table.funnel tr')).slice(1)"
+                          ".map(r => Array.from(r.cells).slice(0, 4).map(c => c.innerText))")
+        assert cells == [[s["name"], str(s["input_docs"]), str(s["kept_docs"]), str(s["removed_docs"])] for s in run["stages"]]
+        shot = page.screenshot(tmp_path / "report.png")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    finally:
+        browser.stop()
+
+
+def test_dataset_card_describes_the_run(reference_run):
+    import yaml
+    card = (reference_run / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    run = json.loads((reference_run / "run.json").read_text())
+    assert header["configs"][0]["data_files"][0]["path"] == "curated/*.parquet"
+    assert set(header["language"]) <= {"en", "es", "pt"} and header["license"] == "other"
+    assert f"{run['curated']['rows']:,} documents" in card and "| `decontam_hits` |" in card
+    for s in run["stages"]:
+        assert f"| {s['name']} | {s['input_docs']:,} | {s['kept_docs']:,} |" in card
 
 
 @pytest.mark.slow

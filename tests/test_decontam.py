@@ -203,7 +203,7 @@ def test_short_fields_match_whole_and_too_short_are_counted(tmp_path):
             {"id": "3", "text": "what is the capital city of peru"}]
     out = stage.process(table(docs))
     assert out.removed.column("id").to_pylist() == ["1"]
-    hits = json.loads(out.removed.column("decontam_hits")[0].as_py())
+    hits = out.removed.column("decontam_hits")[0].as_py()
     assert [(h["item"], docs[0]["text"][h["start"]:h["end"]]) for h in hits] == [("a", "What is the capital city of Peru, today")]
 
 
@@ -227,7 +227,7 @@ def test_planted_items_are_all_found(cfg, items, real_docs):
                                     out.removed.column("decontam_hits").to_pylist()):
         bench, item = expect[doc_id]
         assert reason == f"contaminated:{bench}"
-        assert item in {h["item"] for h in json.loads(hits)}, doc_id
+        assert item in {h["item"] for h in hits}, doc_id
     assert sum(out.stats["contaminated_docs"].values()) >= len(planted)
     assert len(out.stats["items_hit"]["humaneval"]) >= 164
 
@@ -238,7 +238,7 @@ def test_untouched_real_documents_are_rarely_flagged(cfg, real_docs):
     flagged = out.removed.num_rows
     assert flagged <= 0.001 * len(real_docs), out.removed.select(["id", "decontam_hits"]).to_pylist()[:5]
     assert out.kept.num_rows + flagged == len(real_docs)
-    assert set(out.kept.column("decontam_hits").to_pylist()) <= {"[]"}
+    assert all(h == [] for h in out.kept.column("decontam_hits").to_pylist())
 
 
 # ---- policies ---------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def test_cut_policy_removes_the_span_and_keeps_the_rest(cfg, items, real_docs):
     assert out.removed.column("reason").to_pylist() == ["contaminated:gsm8k"]  # nothing left after the cut
     kept = out.kept.column("text")[0].as_py()
     assert kept == before.rstrip() + "\n" + after.strip()
-    cuts = json.loads(out.kept.column("decontam_cuts")[0].as_py())
+    cuts = out.kept.column("decontam_cuts")[0].as_py()
     assert [c["text"] for c in cuts] == [question]
     assert out.stats["cut_docs"] == {"gsm8k": 1}
 

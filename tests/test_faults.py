@@ -138,7 +138,8 @@ def test_read_only_output_fails_clearly_and_keeps_earlier_outputs(prefect_server
         capsys.readouterr()
         rc = main(["curate", str(_config(tmp_path)), "--input", str(more), "--output", str(ro / "run")])
         err = capsys.readouterr().err
-        assert rc == 1 and "Read-only file system" in err and "Traceback" not in err
+        # refused before any work (and before Prefect starts), in one line
+        assert rc == 2 and "read-only file system" in err and "Traceback" not in err and err.count("\n") == 1, err
     finally:
         subprocess.run(["umount", "-l", str(ro)], capture_output=True)
     assert {p: sha256_file(p) for p in out.rglob("*.parquet")} == before

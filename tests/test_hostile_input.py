@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from quipu.tasks.extract import REMOVED_SCHEMA, TOO_LARGE_CHARS, ExtractConfig, extract_file
+from quipu.tasks.extract import TOO_LARGE_CHARS, ExtractConfig, extract_file
+from quipu.tasks.pipeline import REMOVED_SCHEMA
 from quipu.tasks.readers import ReadLimits, ReadStats, expand_inputs, read
 from tests.conftest import ROOT
 

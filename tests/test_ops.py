@@ -75,6 +75,41 @@ def test_watch_marker_files_and_partial_names(tmp_path):
         assert not is_candidate(str(tmp_path / name), cfg), name
 
 
+def test_announced_files_wait_for_their_curate_run(tmp_path, monkeypatch):
+    """Announced files are pending, not seen: a completed run marks them seen; a failed one puts
+    them back (announced again, attempts counted) until `max_attempts`. (The Prefect lookup of the
+    run's state is replaced here; tests/test_chain.py kills a real run on a real server.)"""
+    import quipu.flows.watch as watch_mod
+    from quipu.catalog import registry
+    cfg = _cfg(tmp_path, max_attempts=2)
+    a = _write(tmp_path / "raw" / "a.jsonl")
+    states = {}
+    monkeypatch.setattr(watch_mod, "curate_run_state", lambda output, since: states.get(output, (None, None)))
+
+    first = scan(cfg)
+    watch_mod.mark_pending(first, "event-1", "/runs/inc-1")
+    assert scan(cfg).paths == [] and scan(cfg).pending == 1          # not announced twice while its run goes on
+    assert watch_mod.settle_pending(cfg) == {"seen": 0, "retry": 0, "waiting": 1, "gave_up": 0}
+    states["/runs/inc-1"] = ("CRASHED", "run-1")
+    assert watch_mod.settle_pending(cfg)["retry"] == 1
+    again = scan(cfg)
+    assert again.paths == [str(a)]                                   # the crashed run's file comes back
+    watch_mod.mark_pending(again, "event-2", "/runs/inc-2")
+    assert registry.files_pending(str(tmp_path / "raw"))[0]["attempts"] == 2
+    states["/runs/inc-2"] = ("FAILED", "run-2")
+    assert watch_mod.settle_pending(cfg)["gave_up"] == 1             # max_attempts: left until the file changes
+    assert scan(cfg).paths == []
+    _write(a, '{"id": "a", "text": "fixed"}\n')
+    fixed = scan(cfg)
+    assert fixed.paths == [str(a)]
+    watch_mod.mark_pending(fixed, "event-3", "/runs/inc-3")
+    assert registry.files_pending(str(tmp_path / "raw"))[0]["attempts"] == 1
+    states["/runs/inc-3"] = ("COMPLETED", "run-3")
+    assert watch_mod.settle_pending(cfg)["seen"] == 1
+    assert registry.files_seen(str(tmp_path / "raw"))[str(a)]["run_id"] == "run-3"
+    assert registry.files_pending(str(tmp_path / "raw")) == [] and scan(cfg).unchanged == 1
+
+
 def test_ready_files_needs_same_size_and_mtime():
     cfg = WatchConfig()
     first = {"/d/a.jsonl": (10, 1.0), "/d/b.jsonl": (10, 1.0)}
@@ -134,6 +169,12 @@ def test_prefect_yaml_declares_every_flow_pool_schedules_and_trigger():
     assert trigger["expect"] == ["quipu.data.arrived"]
     # exactly the template, no `| tojson` (double-encodes, and the run is silently not created)
     assert trigger["parameters"]["config"]["input"] == "{{ event.payload.paths }}"
+    assert trigger["parameters"]["config"]["dataset"] == "{{ event.payload.dataset }}"
+    (train_trigger,) = deps["tokenize-train"]["triggers"]
+    assert train_trigger["expect"] == ["quipu.curate.completed"]
+    assert train_trigger["parameters"]["new_version"] == {"dataset": "{{ event.payload.dataset }}",
+                                                          "version": "{{ event.payload.version }}"}
+    assert deps["tokenize-train"]["concurrency_limit"]["limit"] == 1
     def strings(node):
         if isinstance(node, dict):
             return [x for v in node.values() for x in strings(v)]
@@ -169,6 +210,46 @@ def test_resolve_rejects_a_bad_config_before_deploying(tmp_path):
         resolve(spec, ROOT, ["curate"])
     with pytest.raises(ConfigError, match="no deployment named nope"):
         resolve(yaml.safe_load(DEFAULT_FILE.read_text()), ROOT, ["nope"])
+
+
+def test_deploy_dry_run_validates_every_deployment(tmp_path, capsys):
+    """Every deployment points at a config that exists, and its parameters fit its flow."""
+    from quipu.flows.deploy import deploy
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    assert all((ROOT / path).is_file() for path in spec["quipu"]["configs"].values())
+    assert deploy(DEFAULT_FILE, dry_run=True) == 0
+    assert "deployments: watch, curate, quality-train, ppl-distill, tokenize-train" in capsys.readouterr().out
+    resolved, kept, skipped = resolve(spec, ROOT)
+    assert skipped == [] and len(kept) == 5
+    deps = {d["name"]: d for d in resolved["deployments"]}
+    assert deps["tokenize-train"]["parameters"]["config"]["data"]["continual"]["policy"] == "append"
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("missing", r"deployment tokenize-train: config file .*nope.yaml not found"),
+    ("bad-yaml", r"deployment tokenize-train: .*bad.yaml.* not valid YAML"),
+    ("bad-key", r"deployment tokenize-train \(.*bad.yaml\): .*train.max_steps"),
+    ("bad-param", r"deployment tokenize-train \(.*bad.yaml\): parameter resume: Input should be a valid boolean"),
+])
+def test_deploy_dry_run_names_the_file_of_a_bad_config(tmp_path, problem, message):
+    from quipu.flows.deploy import deploy
+    spec = yaml.safe_load(DEFAULT_FILE.read_text())
+    bad = tmp_path / "bad.yaml"
+    good = yaml.safe_load((ROOT / spec["quipu"]["configs"]["tokenize-train"]).read_text())
+    if problem == "missing":
+        spec["quipu"]["configs"]["tokenize-train"] = str(tmp_path / "nope.yaml")
+    else:
+        bad.write_text({"bad-yaml": "train: [unclosed\n",
+                        "bad-key": yaml.safe_dump({**good, "train": {"max_steps": -3}}),
+                        "bad-param": yaml.safe_dump(good)}[problem])
+        spec["quipu"]["configs"]["tokenize-train"] = str(bad)
+    if problem == "bad-param":
+        dep = next(d for d in spec["deployments"] if d["name"] == "tokenize-train")
+        dep["parameters"]["resume"] = {"not": "a bool"}
+    path = tmp_path / "prefect.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=message):
+        deploy(path, dry_run=True)
 
 
 def test_deep_merge():

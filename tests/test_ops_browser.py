@@ -39,7 +39,8 @@ def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         run = json.loads((out / "run.json").read_text())
         arts = _artifacts(server.url, run["run_id"])
-        expected = {"browser-test-funnel", "browser-test-summary", "browser-test-progress", "browser-test-run-json"} | \
+        expected = {"browser-test-funnel", "browser-test-summary", "browser-test-progress", "browser-test-run-json",
+                    "browser-test-charts"} | \
                    {f"browser-test-stage-{s['name']}" for s in run["stages"]}
         assert expected <= set(arts), sorted(arts)
         assert arts["browser-test-progress"]["data"] == 100.0

@@ -126,7 +126,8 @@ def test_worker_runs_a_deployment_on_the_postgres_server(team, tmp_path):
                 assert final.state.is_completed(), (tmp_path / "worker.log").read_text()[-3000:]
         finally:
             worker.stop()
-    # The flow ran in the worker's environment: its catalog recorded the file it announced.
+    # The flow ran in the worker's environment: its catalog recorded the file it announced (pending
+    # until a curate run takes it: there is no curate deployment here).
     import sqlite3
     with sqlite3.connect(tmp_path / "quipu-home" / "catalog.db") as db:
-        assert db.execute("SELECT path FROM files_seen").fetchall() == [(str(raw / "a.jsonl"),)]
+        assert db.execute("SELECT path FROM files_pending").fetchall() == [(str(raw / "a.jsonl"),)]

@@ -218,10 +218,13 @@ def test_curriculum_orders_by_ppl_and_control_shuffles(prepared, tmp_path):
         phases = [{"order": order, "sources": [{"dataset": "tr-en", "weight": 0.5}, {"dataset": "tr-es", "weight": 0.5}]}]
         cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))
         p = plan_data(cfg, load_sources(cfg, info))[0][0]
-        orders[order] = np.array([p.sources[s].train.doc_ppl[i] for s, i in zip(p.docs_source, p.docs_index)])
-    assert np.all(np.diff(orders["ppl_wayra"]) >= 0)
-    assert not np.all(np.diff(orders["shuffle"]) >= 0)
-    assert sorted(orders["shuffle"].tolist()) == orders["ppl_wayra"].tolist()   # same documents, other order
+        orders[order] = [np.array([p.sources[s].train.doc_ppl[i] for i in p.docs_index[p.docs_source == s]])
+                         for s in range(len(p.sources))]
+    # a curriculum sorts within each source (sources are interleaved by weight, not sorted together)
+    assert all(np.all(np.diff(ppl) >= 0) for ppl in orders["ppl_wayra"])
+    assert not any(np.all(np.diff(ppl) >= 0) for ppl in orders["shuffle"])
+    for a, b in zip(orders["shuffle"], orders["ppl_wayra"]):
+        assert sorted(a.tolist()) == b.tolist()     # same documents, other order
 
 
 # ---- training ------------------------------------------------------------------------------------------
@@ -312,6 +315,23 @@ def test_export_matches_transformers(prepared, tmp_path):
     gen = hf.generate(ids, max_new_tokens=5, do_sample=False)
     assert gen.shape[1] == ids.shape[1] + 5 or tok.eos_token_id in gen[0].tolist()
     assert isinstance(tok.decode(gen[0]), str)
+
+    # the tokenizer starts every text with BOS, as training did, and knows the model's length
+    assert ids[0, 0].item() == tok.bos_token_id and tok.bos_token_id == ck_tok_bos(run)
+    assert tok.model_max_length == 64
+    # held-out text as training saw a document (BOS + ids + EOS): the loss transformers computes equals
+    # the one our model's loss_sum (what the trainer's evaluation sums) gives, within 1e-4
+    text = "la casa vieja del río tiene una ventana grande y el gato mira el agua"
+    doc = torch.tensor([tok(text)["input_ids"] + [tok.eos_token_id]])
+    with torch.no_grad():
+        s, n = ours.loss_sum(doc[:, :-1], doc[:, 1:])
+        hf_loss = hf(doc, labels=doc).loss.item()
+    assert abs(float(s) / int(n) - hf_loss) < 1e-4, (float(s) / int(n), hf_loss)
+
+
+def ck_tok_bos(run: Path) -> int:
+    from quipu.trainer.tokenizer import TextTokenizer
+    return TextTokenizer.load(json.loads((run / "prepared.json").read_text())["tokenizer"]).bos_id
 
 
 @pytest.mark.slow

@@ -1,26 +1,34 @@
 """Blends, phases and the packed-sequence data stream.
 
-A training config names sources (catalog datasets) with a `weight` (share of the phase's tokens)
-or an `epochs` multiplier (like K2's table: a high-quality source 6x, code 0.5x; the multipliers
-become shares `epochs·size / Σ epochs·size`). Phases run in sequence, each starting at a step or at
-the step where the learning rate has decayed to a fraction of its peak (the continued pre-training
-recipe: general blend, then the target blend from LR = 20 % of peak).
+A training config names sources with a `weight` (share of the phase's tokens) or an `epochs`
+multiplier (like K2's table: a high-quality source 6x, code 0.5x; the multipliers become shares
+`epochs·size / Σ epochs·size`). A source is a curated dataset (every version by default, or
+`versions: 3` / `"2..4"`), optionally narrowed by `where:` on any column (`lang: pt`,
+`domain: [a.com, b.org]`, `quality_score: ">= 0.8"`), optionally upsampled by `dup_count` (the
+size of a kept document's duplicate cluster) up to a cap. Phases run in sequence, each starting at
+a step or at the step where the learning rate has decayed to a fraction of its peak (the continued
+pre-training recipe: general blend, then the target blend from LR = 20 % of peak).
 
-Each phase is laid out once, deterministically from the seed, as one list of documents: every
-source's documents in a fresh random order per epoch, taken until the source's share of the phase's
-tokens is covered; the list is then shuffled (or, for a curriculum, sorted by ascending
-`ppl_wayra`; the shuffled list is the random-order control). Sequence j of a phase is tokens
-[j·L, j·L + L + 1) of the concatenation. Nothing is stateful: the data position is the step, so
-resuming, data-parallel ranks and gradient accumulation all index the same stream.
+Each phase is laid out once, deterministically from the seed. Every source contributes a list of
+passes over its documents (one per epoch, and per `dup_count` round), each pass in a fresh random
+order or, for a curriculum (`order: ppl_wayra`), sorted easy → hard by `ppl_wayra`, taken until
+the source's share of the phase's tokens is covered. The sources' lists are then interleaved by
+their shares (weighted fair queueing on tokens), so every source's share is the same in any window
+of steps, and a document's repeats are a whole pass apart. Sequence j of a phase is tokens
+[j·L, j·L + L + 1) of the result. Nothing is stateful: the data position is the step, so resuming,
+data-parallel ranks and gradient accumulation all index the same stream.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.catalog.errors import UserError
 from quipu.trainer.tokenize import TokenShards
@@ -32,17 +40,79 @@ class BlendError(UserError, ValueError):
     """A blend or phase that cannot be trained; the message names the config key."""
 
 
+WHERE_OP = re.compile(r"^\s*(==|!=|>=|<=|>|<)\s*(.+?)\s*$")
+URL_COLUMNS = ("domain", "tld")     # derived from `url` when a curated dataset predates them
+
+
+def parse_condition(value: Any) -> tuple[str, Any]:
+    """A `where:` value as (operator, operand): a list is `in`, a string may start with an
+    operator (`">= 0.8"`, `"!= en"`), anything else is equality."""
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("an empty list matches nothing")
+        return "in", value
+    if isinstance(value, str):
+        m = WHERE_OP.match(value)
+        if m:
+            op, operand = m.groups()
+            try:
+                return op, float(operand)
+            except ValueError:
+                if op not in ("==", "!="):
+                    raise ValueError(f"{value!r}: {op} needs a number") from None
+                return op, operand
+    if isinstance(value, dict):
+        raise ValueError(f"{value!r}: give a value, a list of values or an operator and a number ('>= 0.8')")
+    return "==", value
+
+
 class SourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dataset: str = Field(description="catalog dataset name (a curated dataset)")
+    dataset: str = Field(description="catalog name of a curated dataset")
+    versions: int | str | None = Field(None, description="a version (3) or range ('2..4', '3..'); default: every version")
+    where: dict[str, Any] = Field(default_factory=dict, description="keep documents whose columns match: {lang: pt}, {tld: [br, pt]}, {quality_score: '>= 0.8'}")
+    name: str | None = Field(None, description="the source's name in reports (default: dataset, versions and where)")
     weight: float | None = Field(None, gt=0, description="share of the phase's tokens (weights of a phase sum to 1)")
     epochs: float | None = Field(None, gt=0, description="epoch multiplier (alternative to weight)")
+    dup_upsample_cap: int | None = Field(None, ge=1, description="repeat each document min(dup_count, cap) times per epoch (dup_count: its duplicate cluster size from dedup)")
+
+    @field_validator("versions")
+    @classmethod
+    def _versions(cls, v):
+        from quipu.catalog.versions import parse_versions
+        parse_versions(v)
+        return v
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: dict):
+        for col, cond in v.items():
+            try:
+                parse_condition(cond)
+            except ValueError as e:
+                raise ValueError(f"where.{col}: {e}") from None
+        return v
 
     @model_validator(mode="after")
     def _one(self):
         if (self.weight is None) == (self.epochs is None):
             raise ValueError(f"source {self.dataset!r}: give exactly one of weight or epochs")
         return self
+
+    @property
+    def key(self) -> str:
+        """What names this source: its `name`, else e.g. `cc-main@2..4[lang=pt]`."""
+        if self.name:
+            return self.name
+        out = self.dataset + (f"@{self.versions}" if self.versions is not None else "")
+        if self.where:
+            out += "[" + ",".join(f"{k}={v}" for k, v in sorted(self.where.items())) + "]"
+        return out
+
+    @property
+    def selection(self) -> str:
+        """The documents before `where`: the dataset and its versions (what gets tokenized)."""
+        return self.dataset + (f"@{self.versions}" if self.versions is not None else "")
 
 
 class PhaseSpec(BaseModel):
@@ -64,16 +134,27 @@ class PhaseSpec(BaseModel):
             total = sum(s.weight for s in self.sources)
             if abs(total - 1.0) > WEIGHT_TOLERANCE:
                 raise ValueError(f"phase {self.name!r}: source weights sum to {total:g}, not 1")
-        names = [s.dataset for s in self.sources]
-        if len(set(names)) != len(names):
-            raise ValueError(f"phase {self.name!r}: a source is listed twice")
+        names = [s.key for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"phase {self.name!r}: source {dup[0]!r} is listed twice (give each a different `where` or `name`)")
         return self
+
+
+class ContinualConfig(BaseModel):
+    """What a training run does when a new version of one of its datasets is curated (the
+    `tokenize-train` deployment's trigger on `quipu.curate.completed`)."""
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["append", "new_phase"] = Field("append", description="append: a phase with the last phase's blend (every version included) from the checkpoint on; new_phase: a phase where the new version gets `new_version_weight` and the last phase's sources share the rest")
+    steps: int = Field(100, gt=0, description="training steps added for each new version")
+    new_version_weight: float = Field(0.5, gt=0, lt=1, description="new_phase: the new version's share of the new phase")
 
 
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seq_len: int = Field(256, gt=1)
     phases: list[PhaseSpec] = Field(min_length=1)
+    continual: ContinualConfig = Field(default_factory=ContinualConfig)
     eval_docs_per_source: int = Field(16, ge=1, description="held-out documents per source (at most 10 % of it)")
     tokens_dir: str | None = Field(None, description="where token shards go (default RUN_DIR/tokens); reused across runs")
     workers: int = Field(2, ge=1, description="shards tokenized in parallel")
@@ -86,14 +167,18 @@ class DataConfig(BaseModel):
         for i, p in enumerate(self.phases[1:], 1):
             if p.start_step is None and p.start_lr_fraction is None:
                 raise ValueError(f"data.phases[{i}] ({p.name!r}): needs start_step or start_lr_fraction")
+        self.source_specs()
         return self
 
-    def dataset_names(self) -> list[str]:
-        seen: list[str] = []
-        for p in self.phases:
-            for s in p.sources:
-                if s.dataset not in seen:
-                    seen.append(s.dataset)
+    def source_specs(self) -> dict[str, SourceSpec]:
+        """Every distinct source (by key), in first-use order; one key means one definition."""
+        seen: dict[str, SourceSpec] = {}
+        for i, p in enumerate(self.phases):
+            for j, s in enumerate(p.sources):
+                other = seen.setdefault(s.key, s)
+                if (other.dataset, other.versions, other.where, other.dup_upsample_cap) != \
+                        (s.dataset, s.versions, s.where, s.dup_upsample_cap):
+                    raise BlendError(f"data.phases[{i}].sources[{j}].name: {s.key!r} names two different sources")
         return seen
 
 
@@ -129,25 +214,74 @@ class SourceData:
     train: TokenShards
     train_docs: np.ndarray      # indices into `train` of documents used for training
     eval_docs: np.ndarray       # held-out documents
+    copies: np.ndarray | None = None   # per train_docs entry: times per epoch (dup_count, capped); None: once
 
     @property
     def train_tokens(self) -> int:
+        """Distinct training tokens (each document once)."""
         return int(self.train.doc_len[self.train_docs].sum())
 
+    @property
+    def epoch_tokens(self) -> int:
+        """Tokens of one epoch, with the dup_count copies."""
+        lens = self.train.doc_len[self.train_docs]
+        return int((lens * self.copies).sum()) if self.copies is not None else int(lens.sum())
 
-def split_heldout(name: str, shards: TokenShards, per_source: int, seed: int) -> SourceData:
-    n = shards.num_docs
+
+def split_heldout(name: str, shards: TokenShards, per_source: int, seed: int,
+                  selected: np.ndarray | None = None, copies: np.ndarray | None = None) -> SourceData:
+    """Hold out documents for evaluation. `selected`: the documents the source's `where` keeps
+    (default all); `copies`: per selected document, how many times an epoch repeats it."""
+    docs = np.arange(shards.num_docs) if selected is None else np.asarray(selected, dtype=np.int64)
+    n = len(docs)
     if n < 2:
         raise BlendError(f"source {name!r}: has {n} document(s); need at least 2 (one held out for eval)")
     k = min(per_source, max(1, n // 10))
     perm = np.random.default_rng([seed, _stable(name), 0xE7A1]).permutation(n)
-    return SourceData(name, shards, np.sort(perm[k:]), np.sort(perm[:k]))
+    train_pos, eval_pos = np.sort(perm[k:]), np.sort(perm[:k])
+    return SourceData(name, shards, docs[train_pos], docs[eval_pos],
+                      None if copies is None else np.asarray(copies, dtype=np.int64)[train_pos])
 
 
 def _stable(s: str) -> int:
     import zlib
     return zlib.crc32(s.encode())
 
+
+# ---- which documents a source takes: `where` and dup_count ---------------------------------------
+
+def where_mask(table: pa.Table, where: dict[str, Any], key: str) -> np.ndarray:
+    """Documents (rows of `table`) that match every condition; a null never matches."""
+    mask = np.ones(table.num_rows, dtype=bool)
+    for col, cond in where.items():
+        if col not in table.column_names:
+            raise BlendError(f"{key}.where.{col}: no column {col!r} in the curated data "
+                             f"(columns: {', '.join(sorted(table.column_names))})")
+        op, operand = parse_condition(cond)
+        arr = table.column(col)
+        try:
+            if op == "in":
+                hit = pc.is_in(arr, value_set=pa.array(operand, type=arr.type))
+            else:
+                fn = {"==": pc.equal, "!=": pc.not_equal, ">=": pc.greater_equal, "<=": pc.less_equal,
+                      ">": pc.greater, "<": pc.less}[op]
+                hit = fn(arr, pa.scalar(operand).cast(arr.type) if op in ("==", "!=") else operand)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise BlendError(f"{key}.where.{col}: cannot compare column {col!r} ({arr.type}) with {cond!r}: {e}") from None
+        mask &= np.asarray(hit.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+    return mask
+
+
+def dup_copies(table: pa.Table, cap: int, key: str) -> np.ndarray:
+    """min(dup_count, cap) per row (a missing count is 1)."""
+    if "dup_count" not in table.column_names:
+        raise BlendError(f"{key}.dup_upsample_cap: the curated data has no dup_count column "
+                         "(curate with dedup, which records each kept document's cluster size)")
+    counts = table.column("dup_count").fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.clip(counts, 1, cap)
+
+
+# ---- phase streams -----------------------------------------------------------------------------
 
 @dataclass
 class PhaseStream:
@@ -166,47 +300,74 @@ class PhaseStream:
     def num_tokens(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
 
+    def source_tokens(self, start: int, end: int) -> np.ndarray:
+        """Tokens of each source in stream positions [start, end)."""
+        begins = np.concatenate([[0], self.ends[:-1]])
+        overlap = np.clip(np.minimum(self.ends, end) - np.maximum(begins, start), 0, None)
+        return np.bincount(self.docs_source, weights=overlap, minlength=len(self.sources)).astype(np.int64)
+
+
+def source_passes(src: SourceData, need: int, order: str, seed: int, phase_idx: int) -> np.ndarray:
+    """`src`'s documents for one phase: passes (per epoch, and per dup_count round within it), each
+    shuffled or sorted easy → hard, until `need` tokens are covered (the last pass is a random
+    sample of the pass, then ordered like the others)."""
+    lens_all = src.train.doc_len
+    copies = src.copies if src.copies is not None else np.ones(len(src.train_docs), dtype=np.int64)
+    rounds = int(copies.max()) if len(copies) else 1
+    picked, taken, n = [], 0, 0
+    while taken < need:
+        epoch, rnd = divmod(n, rounds)
+        docs = src.train_docs[copies > rnd]
+        n += 1
+        if len(docs) == 0:
+            continue
+        rng = np.random.default_rng([seed, phase_idx, _stable(src.name), epoch, rnd])
+        docs = docs[rng.permutation(len(docs))]
+        cum = np.cumsum(lens_all[docs])
+        cut = min(int(np.searchsorted(cum, need - taken, side="left")) + 1, len(docs))
+        docs = docs[:cut]        # a cut pass is a random sample: the curriculum orders it, it does not pick the easy ones
+        if order == "ppl_wayra":   # stable: ties keep the random order
+            docs = docs[np.argsort(src.train.doc_ppl[docs], kind="stable")]
+        picked.append(docs)
+        taken += int(cum[cut - 1])
+    return np.concatenate(picked) if picked else np.zeros(0, np.int64)
+
+
+def interleave(lengths: list[np.ndarray], shares: np.ndarray) -> np.ndarray:
+    """Merge the sources' document lists so that each keeps its share of tokens along the stream:
+    a document is placed at (tokens of its source before it) / share (start-time fair queueing).
+    Returns the stream order as a permutation of the concatenated lists."""
+    keys = np.concatenate([(np.cumsum(lens) - lens) / shares[i] for i, lens in enumerate(lengths)])
+    src = np.concatenate([np.full(len(lens), i, dtype=np.int32) for i, lens in enumerate(lengths)])
+    return np.lexsort((src, keys))
+
 
 def build_phase(name: str, spec: PhaseSpec, sources: list[SourceData], start: int, end: int,
                 tokens_per_step: int, seq_len: int, seed: int, phase_idx: int) -> PhaseStream:
     budget = (end - start) * tokens_per_step + 1
-    sizes = np.array([s.train_tokens for s in sources], dtype=np.float64)
+    sizes = np.array([s.epoch_tokens for s in sources], dtype=np.float64)
     if spec.sources[0].weight is not None:
         shares = np.array([s.weight for s in spec.sources])
     else:
         e = np.array([s.epochs for s in spec.sources]) * sizes
         shares = e / e.sum()
-    docs_src, docs_idx, lens = [], [], []
-    report = []
+    lists, report = [], []
     for si, (src, spec_s, share) in enumerate(zip(sources, spec.sources, shares)):
-        need = math.ceil(share * budget)
-        taken, epoch = 0, 0
-        picked = []
-        while taken < need:
-            rng = np.random.default_rng([seed, phase_idx, _stable(src.name), epoch])
-            order = src.train_docs[rng.permutation(len(src.train_docs))]
-            cum = np.cumsum(src.train.doc_len[order])
-            cut = int(np.searchsorted(cum, need - taken, side="left")) + 1
-            picked.append(order[:cut])
-            taken += int(cum[min(cut, len(cum)) - 1])
-            epoch += 1
-        idx = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-        docs_src.append(np.full(len(idx), si, dtype=np.int32))
-        docs_idx.append(idx)
-        lens.append(src.train.doc_len[idx])
-        report.append({"phase": name, "source": src.name, "weight": spec_s.weight, "epochs": spec_s.epochs,
-                       "available_tokens": int(sizes[si]), "share": round(float(share), 6),
-                       "tokens": int(share * budget), "repetitions": round(float(share * budget / sizes[si]), 4) if sizes[si] else None})
-    src_arr, idx_arr, len_arr = np.concatenate(docs_src), np.concatenate(docs_idx), np.concatenate(lens)
-    if spec.order == "ppl_wayra":
-        ppl = np.array([sources[s].train.doc_ppl[i] for s, i in zip(src_arr, idx_arr)], dtype=np.float64)
-        # stable sort: ties (and repeated epochs of one document) keep the shuffled order below
-        pre = np.random.default_rng([seed, phase_idx, 0x5EED]).permutation(len(src_arr))
-        order = pre[np.argsort(ppl[pre], kind="stable")]
-    else:
-        order = np.random.default_rng([seed, phase_idx, 0x5EED]).permutation(len(src_arr))
-    src_arr, idx_arr, len_arr = src_arr[order], idx_arr[order], len_arr[order]
-    return PhaseStream(name, start, end, seq_len, src_arr, idx_arr, np.cumsum(len_arr), list(sources), report)
+        docs = source_passes(src, math.ceil(share * budget), spec.order, seed, phase_idx)
+        lists.append(docs)
+        distinct = src.train_tokens
+        report.append({"phase": name, "source": src.name, "dataset": spec_s.dataset, "versions": spec_s.versions,
+                       "where": spec_s.where or None, "weight": spec_s.weight, "epochs": spec_s.epochs,
+                       "dup_upsample_cap": spec_s.dup_upsample_cap, "documents": int(len(src.train_docs)),
+                       "available_tokens": distinct, "epoch_tokens": int(sizes[si]), "share": round(float(share), 6),
+                       "tokens": int(share * budget),
+                       "repetitions": round(float(share * budget / distinct), 4) if distinct else None})
+    lens = [src.train.doc_len[d] for src, d in zip(sources, lists)]
+    order = interleave(lens, shares)
+    which = np.concatenate([np.full(len(d), si, dtype=np.int32) for si, d in enumerate(lists)])[order]
+    idx = np.concatenate(lists)[order]
+    return PhaseStream(name, start, end, seq_len, which, idx, np.cumsum(np.concatenate(lens)[order]),
+                       list(sources), report)
 
 
 class Batcher:
@@ -291,11 +452,24 @@ def blend_report(phases: list[PhaseStream]) -> list[dict]:
     return [r | {"start_step": p.start_step, "end_step": p.end_step} for p in phases for r in p.report]
 
 
+MAX_EPOCHS = 4   # more repeats of the same tokens than this and they stop helping (the seeds' limit)
+
+
 def format_blend_report(rows: list[dict]) -> str:
-    lines = [f"{'phase':<12} {'source':<20} {'steps':>13} {'avail tok':>11} {'weight':>7} {'epochs':>7} {'share':>7} {'tokens':>11} {'reps':>6}"]
+    """The blend table printed before training: per phase and source the tokens available (after
+    `where`), the configured weight (or epochs multiplier), the share, the tokens it contributes and
+    how many epochs that is; a warning for every source repeated more than MAX_EPOCHS times."""
+    head = (f"{'phase':<12} {'source':<28} {'steps':>13} {'avail tok':>12} {'weight':>7} {'share':>7} "
+            f"{'tokens':>12} {'epochs':>7}")
+    lines, warnings = [head, "-" * len(head)], []
     for r in rows:
-        lines.append(f"{r['phase']:<12.12} {r['source']:<20.20} {str(r['start_step']) + '-' + str(r['end_step']):>13} "
-                     f"{r['available_tokens']:>11,} {'' if r['weight'] is None else format(r['weight'], '.3g'):>7} "
-                     f"{'' if r['epochs'] is None else format(r['epochs'], '.3g'):>7} {r['share']:>7.3f} "
-                     f"{r['tokens']:>11,} {r['repetitions'] if r['repetitions'] is not None else '-':>6}")
-    return "\n".join(lines)
+        weight = format(r["weight"], ".3g") if r["weight"] is not None else f"x{r['epochs']:g}"
+        reps = r["repetitions"]
+        lines.append(f"{r['phase']:<12.12} {r['source']:<28.28} {str(r['start_step']) + '-' + str(r['end_step']):>13} "
+                     f"{r['available_tokens']:>12,} {weight:>7} {r['share']:>7.3f} {r['tokens']:>12,} "
+                     f"{'-' if reps is None else format(reps, '.2f'):>7}")
+        if reps is not None and reps > MAX_EPOCHS:
+            warnings.append(f"WARNING: phase {r['phase']!r}, source {r['source']!r}: {reps:.1f} epochs over its "
+                            f"{r['available_tokens']:,} tokens (more than {MAX_EPOCHS}: repeated data stops helping; "
+                            "lower its weight, add data, or train fewer steps)")
+    return "\n".join(lines + warnings)

@@ -9,11 +9,12 @@ continued pre-training: from a HF Llama folder, or from SmolLM2's GGUF in the `l
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 
-from quipu.catalog.files import TMP_PREFIX, write_json_atomic
+from quipu.catalog.files import TMP_PREFIX, default_mode, write_json_atomic
 from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from quipu.trainer.model import ModelConfig
 from quipu.trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
@@ -78,11 +79,23 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path |
     # save_pretrained writes several files; stage them in a temporary folder, then rename it into place
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tok.path), bos_token=tok.bos_token, eos_token=tok.eos_token,
-                                         pad_token=tok.eos_token)
+        hf_tok = PreTrainedTokenizerFast(tokenizer_object=bos_first(tok), bos_token=tok.bos_token,
+                                         eos_token=tok.eos_token, pad_token=tok.eos_token,
+                                         model_max_length=mcfg.max_seq_len)
         hf_tok.save_pretrained(tmp)
         write_json_atomic(Path(tmp) / "quipu_export.json", {"checkpoint": str(ck_path), "step": ck["step"]})
     return out_dir
+
+
+def bos_first(tok: TextTokenizer):
+    """The tokenizer as transformers should use it: every text starts with BOS, as every document did
+    in training (BOS + ids + EOS); EOS is not added, a prompt goes on."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    t = Tokenizer.from_file(str(tok.path))
+    t.post_processor = TemplateProcessing(single=f"{tok.bos_token} $A", pair=f"{tok.bos_token} $A {tok.bos_token} $B:1",
+                                          special_tokens=[(tok.bos_token, tok.bos_id)])
+    return t
 
 
 class atomic_dir:
@@ -95,6 +108,7 @@ class atomic_dir:
         import tempfile
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX + self.final.name + ".", dir=self.final.parent))
+        os.chmod(self.tmp, default_mode(directory=True))
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):

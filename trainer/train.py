@@ -28,9 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
 from quipu.trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
-from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts, split_heldout
+from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts
 from quipu.trainer.model import Llama, ModelConfig, pad_vocab
-from quipu.trainer.tokenize import TokenShards
 from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
 
 
@@ -294,13 +293,8 @@ class Metrics:
 # ---- the trainer -------------------------------------------------------------------------------
 
 def load_sources(cfg: TrainConfig, prepared: dict) -> list:
-    sources = []
-    for name in cfg.data.dataset_names():
-        if name not in prepared["sources"]:
-            raise BlendError(f"source {name!r} was not prepared (prepared.json lists {sorted(prepared['sources'])})")
-        shards = TokenShards.open(prepared["sources"][name])
-        sources.append(split_heldout(name, shards, cfg.data.eval_docs_per_source, cfg.seed))
-    return sources
+    from quipu.trainer.prepare import load_sources as load
+    return load(cfg.data, prepared, cfg.seed)
 
 
 def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
@@ -312,7 +306,7 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     phases = []
     for i, (spec, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
-        srcs = [by_name[s.dataset] for s in spec.sources]
+        srcs = [by_name[s.key] for s in spec.sources]
         if spec.order == "ppl_wayra":
             for s in srcs:
                 if np.isnan(s.train.doc_ppl[s.train_docs]).any():
