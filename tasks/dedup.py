@@ -951,7 +951,7 @@ class DedupStage(Stage):
     """Global: signatures and band rows per shard (scan), the plan per hash range in parallel and
     a combine, per-shard splits by the plan's decisions, then the index commit."""
     name = STAGE
-    columns = tuple(DUP_FIELDS)
+    columns = (*DUP_FIELDS, DUP_COUNT)   # dup_count on kept rows: removed by a later stage, they carry it
     Config = DedupConfig
 
     def check(self) -> None:
