@@ -394,24 +394,26 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
         config = CurateConfig.model_validate({"input": files, "output": str(work / "run"), "workers": 2,
                                               "dataset": f"million-{len(files)}", **off,
                                               "dedup": {"index_dir": str(work / "index")}})
+    from quipu.flows.runners import make_task_runner
+    runner = make_task_runner(config.runner, config.workers)   # as `quipu curate` runs it: `workers` threads
     reset_peak()
     t0, c0 = time.perf_counter(), cpu_seconds()
     with TreeSampler() as tree:
-        summary = curate(config)
+        summary = curate.with_options(task_runner=runner)(config)
     seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     import pyarrow.parquet as pq
     removed, by_stage = {}, {}
     for f in sorted((work / "run" / "dedup" / "removed").glob("*.parquet")):
         t = pq.read_table(f, columns=["id", "dup_of"])
         removed.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist()))
-    leaks_removed = []
-    if (work / "run" / "decontam" / "removed").exists():
-        for f in sorted((work / "run" / "decontam" / "removed").glob("*.parquet")):
-            leaks_removed += pq.read_table(f, columns=["id"]).column(0).to_pylist()
+    removed_by_stage: dict[str, str] = {}       # document id -> the stage that removed it
+    for f in sorted((work / "run").glob("*/removed/*.parquet")):
+        for doc_id in pq.read_table(f, columns=["id"]).column(0).to_pylist():
+            removed_by_stage[doc_id] = f.parent.parent.name
     for s in summary["stages"]:
         by_stage[s["name"]] = {"input_docs": s["input_docs"], "kept_docs": s["kept_docs"], "seconds": s["seconds"]}
     return {"docs": summary["records_read"], "seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak_rss(),
-            "tree_peak_rss": tree.peak, "removed": removed, "stages": by_stage, "decontam_removed": leaks_removed,
+            "tree_peak_rss": tree.peak, "removed": removed, "stages": by_stage, "removed_by_stage": removed_by_stage,
             "disk_bytes": du(work / "run", work / "index"), "curated_rows": summary["curated"]["rows"]}
 
 
@@ -462,6 +464,7 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of runs to skip: plain, dedup, curate, full")
     ap.add_argument("--file-docs", type=int, default=FILE_DOCS, help="documents per input file (sizes are multiples of it)")
     ap.add_argument("--append", type=Path)
+    ap.add_argument("--reuse", type=Path, help="million-results.json of an earlier run: its rows of the skipped runs join this report (said so in it)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -497,7 +500,8 @@ def main() -> None:
         if evaluate:
             res["quality"] = truth.evaluate(n, removed)
         rows.append(res)
-        print(json.dumps({k: v for k, v in res.items() if k not in ("decontam_removed",)}, default=str), flush=True)
+        res.pop("removed_by_stage", None)
+        print(json.dumps(res, default=str), flush=True)
         return res
 
     if "plain" not in skip:
@@ -518,8 +522,18 @@ def main() -> None:
         res = run_child("curate-full", {"work": str(work / "full"), "files": [str(sample)]})
         leaks = [corpus.doc_id(i) for i in range(args.sample) if corpus.is_leak(i)]
         res["leaks_planted"] = len(leaks)
-        res["leaks_removed_by_decontam"] = len(set(leaks) & set(res["decontam_removed"]))
-        record("curate, default stages (sample)", args.sample, res)
+        where = res.pop("removed_by_stage")
+        res["leaks_removed_by"] = {k: sum(1 for i in leaks if where.get(i, "curated") == k)
+                                   for k in sorted({where.get(i, "curated") for i in leaks})}
+        res.pop("removed")
+        record("curate, default stages (sample)", args.sample, res, evaluate=False)   # earlier stages remove copies too
+    if args.reuse:
+        kinds = {"plain": "plain datasketch loop", "dedup": "dedup stage alone", "curate": "curate (extract + dedup)",
+                 "full": "curate, default stages (sample)"}
+        earlier = json.loads(args.reuse.read_text())
+        reused = [dict(r, reused_from=earlier["command"]) for r in earlier["rows"] if any(
+            r["what"] == kinds[k] for k in skip if k in kinds)]
+        rows[:0] = reused
     out = {"command": cmd, "text_bytes": text_bytes, "rows": rows, "cores": os.cpu_count(),
            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
     (args.data / "million-results.json").write_text(json.dumps(out, indent=1, default=str))
@@ -544,12 +558,15 @@ def format_md(out: dict) -> str:
     for r in rows:
         q = r.get("quality", {})
         tree = r.get("tree_peak_rss")
-        lines.append(f"| {r['what']} | {r['n']:,} | {r['seconds']:,.1f} | {r['n'] / r['seconds']:,.0f} | "
+        lines.append(f"| {r['what']}{' (earlier run, see below)' if 'reused_from' in r else ''} | {r['n']:,} | {r['seconds']:,.1f} | {r['n'] / r['seconds']:,.0f} | "
                      f"{r['n'] / max(r['cpu_seconds'], 1e-9):,.0f} | {mib(r['peak_rss'])}"
                      f"{' / ' + mib(tree) if tree else ''} | {mib(r['disk_bytes']) if 'disk_bytes' in r else '—'} | "
-                     f"{q.get('recall') if q.get('recall') is None else round(q['recall'], 4)} | "
-                     f"{q.get('precision') if q.get('precision') is None else round(q['precision'], 4)} | "
+                     f"{'—' if q.get('recall') is None else round(q['recall'], 4)} | "
+                     f"{'—' if q.get('precision') is None else round(q['precision'], 4)} | "
                      f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
+    reused = sorted({r["reused_from"] for r in rows if "reused_from" in r})
+    if reused:
+        lines += ["", f"Rows marked 'earlier run' are from `{reused[0]}`, same corpus, same machine, an hour earlier (same dedup code)."]
     plain = next((r for r in rows if r["what"].startswith("plain")), None)
     same = next((r for r in rows if r["what"] == "dedup stage alone" and plain and r["n"] == plain["n"]), None)
     lines.append("")
@@ -569,7 +586,7 @@ def format_md(out: dict) -> str:
             lines.append(f"- {r['what']}, {r['n']:,} docs: stage seconds "
                          + ", ".join(f"{k} {v['seconds']:.1f} s ({v['input_docs'] / max(v['seconds'], 1e-9):,.0f} docs/s)"
                                      for k, v in r["stages"].items())
-                         + (f"; leaks planted {r['leaks_planted']}, removed by decontam {r['leaks_removed_by_decontam']}"
+                         + (f"; HumanEval leaks planted {r['leaks_planted']}, where they ended: {r['leaks_removed_by']}"
                             if "leaks_planted" in r else ""))
     q = next((r["quality"] for r in rows if "quality" in r), None)
     if q:
