@@ -78,7 +78,9 @@ def project(costs: dict, docs: int, cores: int, ppl_core_s: float) -> dict:
 
 
 def hours(s: float) -> str:
-    return f"{s / 3600:,.1f} h" if s >= 3600 else f"{s / 60:,.0f} min"
+    if s >= 3600:
+        return f"{s / 3600:,.1f} h"
+    return f"{s / 60:,.0f} min" if s >= 60 else f"{s:,.0f} s"
 
 
 def main() -> None:
