@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quipu.catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
 from quipu.tasks.minhash import SHINGLE_HASH, MinHasher, exact_digests, tokenize
-from quipu.tasks.dedup_index import (GEN_SHIFT, LAYOUT, LOCAL_FLAG, SCHEME, BandPart, DedupIndex, FileStore, RedisStore,
+from quipu.tasks.dedup_index import (BAND_COLUMNS, EXACT_COLUMNS, GEN_SHIFT, LAYOUT, LOCAL_FLAG, SCHEME, BandPart, DedupIndex, FileStore, RedisStore,
                                      SegmentPart, check_params, make_key, ref_key)
 from quipu.tasks.minhash import BAND_HASH, band_keys
 from quipu.tasks.partitions import NpyRows, SortedRun, bounds, n_partitions, partition_of, save_npy
@@ -428,7 +428,7 @@ def _global_refs(sig_results: list[dict], kind: str, lo: int, hi: int) -> dict[s
         cols["ref"] = cols["ref"] + np.uint64(base) | LOCAL_FLAG
         parts.append(cols)
         base += s["rows"]
-    names = SortedRun(**sig_results[0][kind]).columns if sig_results else ["ref"]
+    names = BAND_COLUMNS if kind == "bands" else EXACT_COLUMNS
     return {c: np.concatenate([p[c] for p in parts]) if parts else np.empty(0, np.uint64) for c in names}
 
 
