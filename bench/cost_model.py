@@ -16,7 +16,7 @@ Model (each assumption is printed with the table):
 - disk is the bytes written per document at the largest size (run folder + dedup index), times the
   documents; the input is not counted.
 
-    .venv/bin/python bench/cost_model.py --measured /tmp/quipu-million/files-of-50000/million-results.json
+    .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
         [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 118 --ppl-cores 2] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
