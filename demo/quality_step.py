@@ -29,7 +29,8 @@ def quality_train_step(ctx) -> None:
         raise UserError(f"no demo corpus in {ctx.data_dir}: run the build-corpus step first")
     names = [s.name for s in STAGES]
     later = names[names.index("heuristics") + 1:]
-    overrides = list(ctx.overrides) + [f"{name}.enabled=false" for name in later]
+    # heuristics/kept is the classifier's positives: kept after the run (by default only curated/ is)
+    overrides = list(ctx.overrides) + [f"{name}.enabled=false" for name in later] + ["keep_intermediate=true"]
     config = load_config(CurateConfig, str(DEMO_CONFIG), overrides)
     config = CurateConfig.model_validate({**config.model_dump(), "input": [str(p) for p in inputs],
                                           "output": str(ctx.run_dir)})

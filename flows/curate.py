@@ -1,9 +1,12 @@
 """The `curate` flow: extract → the stages of quipu.tasks.pipeline → curated parquet shards.
 
-Every stage runs through `driver.run_stage` with its per-shard phases as Prefect tasks mapped over
-shards (the UI shows stage-by-stage progress); tasks take and return shard paths with hashes,
-never documents. A stage's results are summed into `OUT/<stage>/report.json`, checked
-(`input = kept + removed`), shown as artifacts and recorded in the catalog.
+Extract runs one Prefect task per work unit (small input files packed together, see
+`extract.pack_mb`); the stages run through `driver.run_pipeline`, segment by segment (consecutive
+per-document stages fused into one pass per shard), with the per-shard phases as Prefect tasks
+mapped over shards; tasks take and return shard paths with hashes, never documents. A stage's
+results are summed into `OUT/<stage>/report.json`, checked (`input = kept + removed`), shown as
+artifacts and recorded in the catalog. When the run completes, the intermediate `kept/` copies
+and the global stages' work files are deleted (unless `keep_intermediate` / `keep_work_files`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from prefect import flow, get_run_logger, task, unmapped
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from quipu.catalog import registry
-from quipu.catalog.files import write_json_atomic
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import read_json, sha256_file, write_json_atomic
 from quipu.catalog.names import check_name, name_from
 from quipu.catalog.ownership import claim, identity, output_lock
 from quipu.flows.dataset_card import write_dataset_card
@@ -25,9 +29,10 @@ from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
-from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_file
-from quipu.tasks.output import OutputConfig, write_curated
+from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_unit, pack_inputs
+from quipu.tasks.output import OutputConfig, curated_marker, write_curated
 from quipu.tasks.pipeline import STAGES
+from quipu.tasks import readers
 from quipu.tasks.readers import expand_inputs
 from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
 
@@ -41,6 +46,9 @@ class CurateSettings(BaseModel):
     workers: int = Field(2, ge=1, le=256, description="parallel shard tasks (threads)")
     artifact_prefix: str = Field("curate", pattern=r"^[a-z0-9-]+$", description="prefix of the Prefect artifact keys")
     runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where shard tasks run: threads, or Dask (LocalCluster or a scheduler address)")
+    fuse: bool = Field(True, description="run consecutive per-document stages in one pass per shard (false: one pass per stage, each writing its kept rows)")
+    keep_intermediate: bool = Field(False, description="keep every stage's kept rows (<stage>/kept/) after the run; by default only curated/ holds the result")
+    keep_work_files: bool = Field(False, description="keep the global stages' work files (signatures, counts, plans) after the run")
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
 
     @field_validator("dataset")
@@ -88,9 +96,15 @@ def preflight(config: CurateSettings) -> None:
 
 # ---- Prefect tasks: the phases of the stage contract (quipu.tasks.driver), mapped over shards ----
 
-@task(name="extract", task_run_name="extract-{path}", retries=1, retry_delay_seconds=1)
-def extract_task(path: str, run_dir: str, cfg: ExtractConfig) -> ExtractResult:
-    return extract_file(path, run_dir, cfg)
+def _unit_run_name() -> str:
+    from prefect.runtime import task_run
+    paths = task_run.parameters["paths"]
+    return f"extract-{Path(paths[0]).name}" + (f"+{len(paths) - 1}" if len(paths) > 1 else "")
+
+
+@task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
+def extract_task(paths: list[str], run_dir: str, cfg: ExtractConfig) -> ExtractResult:
+    return extract_unit(paths, run_dir, cfg)
 
 
 @task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
@@ -113,9 +127,9 @@ def combine_task(ref: StageRef, scans: list[driver.Scan] | None, partials: list)
     return driver.combine_stage(ref, scans, partials)
 
 
-@task(name="stage-process", task_run_name="{ref.name}-{shard.name}", retries=1, retry_delay_seconds=1)
-def process_task(ref: StageRef, shard: Shard, plan) -> ShardResult:
-    return driver.process_one(ref, shard, plan)
+@task(name="stage-process", task_run_name="{segment.name}-{shard.name}", retries=1, retry_delay_seconds=1)
+def process_task(segment: driver.Segment, shard: Shard, plans: list) -> list[ShardResult]:
+    return driver.process_one(segment, shard, plans)
 
 
 @task(name="stage-commit", task_run_name="{ref.name}-commit", retries=0)
@@ -129,7 +143,7 @@ def write_curated_task(shards: list[Shard], out_dir: str, cfg: OutputConfig) -> 
 
 
 class PrefectPhases:
-    """`driver.run_stage`'s per-shard phases as Prefect tasks (the UI shows them shard by shard)."""
+    """`driver.run_segment`'s per-shard phases as Prefect tasks (the UI shows them shard by shard)."""
 
     def scan(self, ref: StageRef, shards: list[Shard]) -> list[driver.Scan]:
         return collect(scan_task.map(ref=unmapped(ref), shard=shards))
@@ -141,41 +155,51 @@ class PrefectPhases:
         partials = collect(plan_part_task.map(ref=unmapped(ref), scans=unmapped(scans), partition=parts))
         return combine_task(ref, scans, partials)
 
-    def process(self, ref: StageRef, shards: list[Shard], plan, progress=None) -> list[ShardResult]:
-        return collect(process_task.map(ref=unmapped(ref), shard=shards, plan=unmapped(plan)), progress)
+    def process(self, segment: driver.Segment, shards: list[Shard], plans: list,
+                progress: driver.Progress = driver.NO_PROGRESS) -> list[list[ShardResult]]:
+        futures = process_task.map(segment=unmapped(segment), shard=shards, plans=unmapped(plans))
+        return collect(futures, lambda results: [progress.shard_done(r) for r in results])
 
     def commit(self, ref: StageRef, scans, plan):
         return commit_task(ref, scans, plan)
 
 
-def collect(futures, progress: Callable[[object], object] | None = None) -> list:
-    """Results in input order; `progress(result)` after each (terminal and UI progress)."""
+def collect(futures, on_result: Callable[[object], object] | None = None) -> list:
+    """Results in input order; `on_result(result)` as each is collected."""
     results = []
     for f in futures:
         results.append(f.result())
-        if progress is not None:
-            progress(results[-1])
+        if on_result is not None:
+            on_result(results[-1])
     return results
 
 
-class Progress:
-    """One curate run's progress: the UI's progress artifact and the terminal's lines, per stage."""
+class Progress(driver.Progress):
+    """One curate run's progress: the UI's progress artifact and the terminal's lines. The driver
+    calls `start` per segment of fused stages, `shard_done` per stage and shard (extract's units
+    too), `finish` per stage: the one place a shard's completion is known. A segment shows one live
+    bar (its stages finish each shard together, and rich keeps one live display at a time), then a
+    line per stage."""
 
     def __init__(self, prefix: str, stages: list[str]):
         self.artifact = RunProgress(prefix, stages)
-        self.stage: StageProgress | None = None
+        self.stages: dict[str, StageProgress] = {}
 
-    def start(self, name: str, shards: int, docs: int | None) -> Callable[[object], None]:
-        self.artifact.update(name, 0.0)
-        self.stage = StageProgress(name, shards, docs)
+    def start(self, stages: list[str], shards: int, docs: int | None = None) -> None:
+        self.artifact.update(stages[0], 0.0)
+        self.stages = {stages[0]: StageProgress(stages[0], shards, docs)}
+        for name in stages[1:]:
+            # counted, with no bar of its own: created for one shard (no live display), then told the total
+            self.stages[name] = StageProgress(name, 1, None)
+            self.stages[name].shards = shards
 
-        def on_result(r) -> None:   # a ShardResult, or an ExtractResult for extract
-            self.stage.advance(r.input_docs, r.skipped)
-            self.artifact.update(name, self.stage.done_shards / max(1, shards))
-        return on_result
+    def shard_done(self, result: ShardResult | ExtractResult) -> None:
+        stage = self.stages[result.stage]
+        stage.advance(result.input_docs, result.skipped)
+        self.artifact.update(result.stage, stage.done_shards / max(1, stage.shards))
 
-    def finish(self, report: dict) -> None:
-        self.stage.finish(report["kept_docs"], report["removed_docs"], report["seconds"])
+    def finish(self, stage: str, report: dict) -> None:
+        self.stages[stage].finish(report["kept_docs"], report["removed_docs"], report["seconds"])
 
 
 def aggregate_extract(results: list[ExtractResult]) -> dict:
@@ -187,11 +211,13 @@ def aggregate_extract(results: list[ExtractResult]) -> dict:
         for k, n in r.quarantine_by_reason.items():
             q[k] = q.get(k, 0) + n
     report["quarantine_by_reason"] = dict(sorted(q.items(), key=lambda kv: -kv[1]))
-    report["files"] = [{"source": r.source, "records_read": r.records_read, "documents": r.input_docs,
-                        "kept": r.kept_docs, "quarantined": r.quarantined, "skipped_records": r.skipped_records}
-                       for r in results]
+    report["files"] = [{"source": f.source, "unit": r.shard, "records_read": f.records_read, "documents": f.documents,
+                        "kept": f.kept, "quarantined": f.quarantined, "skipped_records": f.skipped_records}
+                       for r in results for f in r.files]
     if report["input_docs"] + report["quarantined"] != report["records_read"]:
         raise AssertionError("extract: documents + quarantined != records read")
+    if sum(f["records_read"] for f in report["files"]) != report["records_read"]:
+        raise AssertionError("extract: the files' records do not add up to the units'")
     return report
 
 
@@ -224,11 +250,17 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
         registry.mark_stale_runs_crashed("curate", output=str(run_dir))
         run_id = registry.start_run("curate", cfg_json, str(run_dir), flow_run_id())
         try:
-            summary = _curate(config, run_dir, files, run_id, log)
+            summary = _finished(config, run_dir, run_id, log) or _curate(config, run_dir, files, run_id, log)
         except BaseException:
             registry.finish_run(run_id, "failed")
             raise
         summary["seconds"] = round(time.perf_counter() - t_start, 2)
+        # run.json marks the run complete: from here on a rerun reuses it whole (see _finished),
+        # so the intermediate copies and work files can go
+        write_json_atomic(config.context().summary, summary)
+        freed = driver.release_work_files(config.context(), ["extract", *enabled_stages(config)],
+                                          config.keep_intermediate, config.keep_work_files)
+        summary["disk"] = {**disk_footprint(config.context(), summary), "released": freed}
         write_json_atomic(config.context().summary, summary)
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
     from quipu.flows.events import curate_completed
@@ -236,36 +268,82 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
     return summary
 
 
+def disk_footprint(context: RunContext, summary: dict) -> dict:
+    """Bytes the finished run keeps on disk, by kind, and the input's size."""
+    run_dir = Path(context.run_dir)
+    kinds = {"curated": 0, "removed": 0, "quarantine": 0, "reports": 0, "intermediate": 0, "other": 0}
+    for f in run_dir.rglob("*"):
+        if not f.is_file():
+            continue
+        rel = f.relative_to(run_dir).parts
+        kind = ("curated" if rel[0] == "curated" else "quarantine" if rel[0] == "quarantine"
+                else "removed" if len(rel) > 1 and rel[1] == "removed"
+                else "intermediate" if len(rel) > 1 and rel[1] == "kept"
+                else "reports" if f.suffix == ".json" else "other")
+        kinds[kind] += f.stat().st_size
+    inputs = sum(readers.file_size(p) or 0 for p in summary["inputs"])
+    total = sum(kinds.values())
+    return {"bytes": kinds, "total_bytes": total, "input_bytes": inputs,
+            "ratio_to_input": round(total / inputs, 3) if inputs else None}
+
+
+def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict | None:
+    """A rerun of a completed run (same inputs and config: `claim` checked it) reuses it whole: its
+    intermediate copies and work files are gone, so its stages are not run again; the curated
+    shards and the reports must be intact. None when the run never completed."""
+    context = config.context()
+    if not context.summary.exists():
+        return None
+    summary = read_json(context.summary)
+    marker = curated_marker(context.curated)
+    parts = [Shard(**p) for p in read_json(marker).get("parts", [])] if marker.exists() else None
+    missing = [str(marker)] if parts is None else \
+        [p.path for p in parts if not (Path(p.path).exists() and sha256_file(p.path) == p.sha256)]
+    reports = {}
+    for st in summary.get("stages", []):
+        path = context.layout(st["name"]).report
+        if path.exists():
+            reports[st["name"]] = read_json(path)
+        else:
+            missing.append(str(path))
+    if missing:
+        raise UserError(f"{run_dir} holds a finished run whose outputs are missing or changed ({missing[0]}"
+                        f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): pass --overwrite to redo it")
+    for name, report in reports.items():   # nothing was redone: every shard is reused
+        report["shards"] = [{**sh, "skipped": True} for sh in report["shards"]]
+        report["reused_shards"] = len(report["shards"])
+        write_report(str(run_dir), name, report)
+    say(f"{run_dir}: the run is complete; reusing its {len(parts)} curated shards")
+    summary = {**summary, "run_id": run_id,
+               "stages": [{**st, "reused_shards": reports[st["name"]]["reused_shards"]} for st in summary["stages"]]}
+    _register(config, run_dir, run_id, summary["inputs"], reports, parts, reports["extract"])
+    publish_artifacts(summary, reports, config.artifact_prefix)
+    publish_charts(summary, reports, config.artifact_prefix)
+    return summary
+
+
 def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str, log) -> dict:
     rd = str(run_dir)
-    reports: dict[str, dict] = {}
-
     preflight(config)  # a missing or corrupt model fails here, before extract reads anything
     stages = enabled_stages(config)
     progress = Progress(config.artifact_prefix, ["extract", *stages, "curated"])
-    say(f"curating {len(files)} input files into {rd}: extract, {', '.join(stages)}")
-    on_file = progress.start("extract", len(files), None)
-    results = collect(extract_task.map(files, run_dir=unmapped(rd), cfg=unmapped(config.extract)), on_file)
+    units = pack_inputs(files, int(config.extract.pack_mb * 1e6))
+    say(f"curating {len(files)} input files ({len(units)} work units) into {rd}: extract, {', '.join(stages)}")
+    progress.start(["extract"], len(units))
+    results = collect(extract_task.map(units, run_dir=unmapped(rd), cfg=unmapped(config.extract)), progress.shard_done)
     report = aggregate_extract(results)
-    progress.finish(report)
-    reports["extract"] = report
+    progress.finish("extract", report)
     write_report(rd, "extract", report)
-    shards = [s for r in results for s in r.kept_shards]
-    log.info("extract: %d records read, %d documents, %d kept, %d quarantined",
-             report["records_read"], report["input_docs"], report["kept_docs"], report["quarantined"])
+    log.info("extract: %d records read from %d files in %d units, %d documents, %d kept, %d quarantined",
+             report["records_read"], len(files), len(units), report["input_docs"], report["kept_docs"], report["quarantined"])
 
-    for name in stages:
-        prev_kept = sum(s.rows for s in shards)
-        todo = [s for s in shards if s.rows > 0]
-        stage_results, report = driver.run_stage(config.stage_ref(name, run_id), todo, PrefectPhases(),
-                                                 progress.start(name, len(todo), prev_kept))
-        progress.finish(report)
-        if report["input_docs"] != prev_kept:
-            raise AssertionError(f"{name}: read {report['input_docs']} documents, previous stage kept {prev_kept}")
-        reports[name] = report
-        write_report(rd, name, report)
-        shards = [r.kept for r in stage_results]
-        log.info("%s: %d in, %d kept, %d removed", name, report["input_docs"], report["kept_docs"], report["removed_docs"])
+    def logged(name: str, r: dict) -> None:
+        log.info("%s: %d in, %d kept, %d removed", name, r["input_docs"], r["kept_docs"], r["removed_docs"])
+
+    stage_reports, shards = driver.run_pipeline(
+        [config.stage_ref(name, run_id) for name in stages], [s for r in results for s in r.kept_shards],
+        PrefectPhases(), config.fuse, config.keep_intermediate, progress, logged)
+    reports = {"extract": report, **stage_reports}
 
     progress.artifact.update("curated", 0.0)
     curated = write_curated_task(shards, str(config.context().curated), config.curated)
@@ -301,7 +379,6 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
     qdir = config.context().quarantine
     if qdir.exists():
         import pyarrow.parquet as pq
-        from quipu.catalog.files import sha256_file
         qshards = [{"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "bytes": p.stat().st_size,
                     "sha256": sha256_file(p)} for p in sorted(qdir.glob("*.parquet"))]
         registry.register_dataset(f"{name}/quarantine", "quarantine", str(qdir), run_id, qshards)

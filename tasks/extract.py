@@ -1,8 +1,11 @@
 """Stage `extract`: read input files, turn HTML into main text (trafilatura), write raw shards.
 
-One Prefect task per input file. Each file yields document shards of about `shard_mb` of text
-(`extract/kept/<file-key>-<part>.parquet`), one removed shard, and a quarantine file for what
-could not be read. HTML extraction runs in a child process so a page that makes the parser hang
+One Prefect task per work unit: input files smaller than `pack_mb` are packed, in path order, into
+units of about `pack_mb` bytes; a larger file is a unit of its own. So the number of tasks, output
+files and markers follows the bytes read, not the number of files. Each unit yields document
+shards of about `shard_mb` of text (`extract/kept/<unit-key>-<part>.parquet`), one removed shard,
+and a quarantine file for what could not be read; its result accounts for every input file on its
+own (records read = documents + quarantined, per file). HTML extraction runs in a child process so a page that makes the parser hang
 or crash costs one document (`extract:timeout`), not the run.
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ class ExtractConfig(StageConfig):
     min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
     max_control_char_ratio: float = Field(0.05, ge=0, le=1, description="binary junk: share of control/replacement characters above which a document is removed")
     shard_mb: float = Field(64.0, gt=0, description="target text size of one output shard")
+    pack_mb: float = Field(64.0, gt=0, description="input files smaller than this are read together, in path order, in work units of about this many bytes (one task and one set of output shards per unit); a larger file is a unit of its own")
     max_record_bytes: int = Field(50_000_000, gt=0, description="a JSONL line or WARC payload larger than this is never held in memory: removed as extract:too_large / extract:payload_too_large with its first bytes and its size (`text_bytes`)")
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
@@ -221,14 +225,28 @@ def code_version() -> str:
     return module_version(sys.modules[__name__], readers, records, text_repair, warc)
 
 
+class FileAccount(BaseModel):
+    """What one input file of a unit gave: every record read is a document or quarantined."""
+    source: str
+    input_sha256: str
+    records_read: int
+    documents: int
+    kept: int
+    quarantined: int
+    quarantine_by_reason: dict[str, int]
+    skipped_records: dict[str, int]
+
+
 class ExtractResult(BaseModel):
-    """One input file's extraction: its kept shards (several for a large file), removed documents,
-    quarantined records. Also its done-marker (`extract/_shards/<file key>.json`)."""
+    """One work unit's extraction (one input file, or several small ones packed): its kept shards
+    (several for a large unit), removed documents, quarantined records, and the account of each
+    input file. Also its done-marker (`extract/_shards/<unit key>.json`)."""
     stage: str
     shard: str
-    source: str
+    source: str                         # the unit's first input file (its only one unless packed)
     fingerprint: str
     input_sha256: str
+    files: list[FileAccount]
     records_read: int
     input_docs: int
     kept_docs: int
@@ -270,13 +288,14 @@ class _Outputs:
         self.removed_rows: list[dict] = []
         self.counts: dict[str, int] = {}
         self.examples: dict[str, list[dict]] = {}
-        self.docs = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
+        self.docs = self.kept = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
 
     def add(self, row: dict, reason: str | None, nbytes: int) -> None:
         self.docs += 1
         self.bytes_in += nbytes
         self.chars_in += len(row["text"])
         if reason is None:
+            self.kept += 1
             self.kept_rows.append(row)
             self.kept_bytes += nbytes
             self.bytes_out += nbytes
@@ -314,45 +333,97 @@ class _Outputs:
         self.removed_w.abort()
 
 
+def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[str]]:
+    """Work units: consecutive files (in the given order) packed until they hold `pack_bytes`; a
+    file at least that large is a unit of its own. A file whose size is unknown counts as large."""
+    units: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for path in paths:
+        n = readers.file_size(path)
+        large = n is None or n >= pack_bytes
+        if current and (large or size + n > pack_bytes):
+            units.append(current)
+            current, size = [], 0
+        if large:
+            units.append([path])
+            continue
+        current.append(path)
+        size += n
+    if current:
+        units.append(current)
+    return units
+
+
+def unit_key(paths: list[str]) -> str:
+    """The name of a unit's outputs: the file's key, or the first file's key and the unit's size."""
+    if len(paths) == 1:
+        return file_key(paths[0])
+    digest = hashlib.sha1("\n".join(paths).encode()).hexdigest()[:8]
+    return f"{file_key(paths[0])}-pack{len(paths)}-{digest}"
+
+
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
+    return extract_unit([path], run_dir, cfg)
+
+
+def _input_sha(path: str) -> str:
+    problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
+    return (sha256_json({"not_read": problem}) if problem else
+            sha256_file(path) if "://" not in path else _remote_fingerprint(path))
+
+
+def extract_unit(paths: list[str], run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
+    """Extract a work unit (input files read in order) into kept shards, a removed shard and a
+    quarantine file, with each file's own account."""
     run = RunContext(str(run_dir))
     layout = run.layout(STAGE)
-    key = file_key(path)
+    key = unit_key(paths)
     marker = layout.markers / f"{key}.json"
-    problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
-    input_sha = (sha256_json({"not_read": problem}) if problem else
-                 sha256_file(path) if "://" not in path else _remote_fingerprint(path))
-    fp = sha256_json({"stage": STAGE, "input": input_sha, "path": path, "code": code_version(),
-                      "config": cfg.model_dump(mode="json")})
+    shas = [_input_sha(p) for p in paths]
+    unit_sha = shas[0] if len(paths) == 1 else sha256_json(shas)
+    # pack_mb decides which files form a unit, already named by `inputs`
+    fp = sha256_json({"stage": STAGE, "inputs": list(zip(paths, shas)), "code": code_version(),
+                      "config": cfg.model_dump(mode="json", exclude={"pack_mb"})})
     done = load_done(marker, fp, ExtractResult)
     if done is not None:
         return done
 
     t0 = time.perf_counter()
-    stats = readers.ReadStats()
     limits = readers.ReadLimits(max_record_bytes=cfg.max_record_bytes, max_header_bytes=cfg.max_header_bytes,
                                 max_expansion=cfg.max_expansion, max_file_seconds=cfg.max_file_seconds)
     quarantine_rows: list[dict] = []
     repaired: dict[str, int] = {}     # documents whose text fix_unicode changed, by kind
+    skipped: dict[str, int] = {}
+    files: list[FileAccount] = []
     out = _Outputs(layout, key, cfg)
     try:
-        for item in readers.read(path, stats, limits):
-            if isinstance(item, readers.Quarantined):
-                quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
-                                        "reason": item.reason, "snippet": item.snippet})
-                continue
-            text, reason = decide(item, cfg)
-            if reason is None and cfg.fix_unicode:
-                text, repair = text_repair.repair_unicode(text)
-                if repair:
-                    repaired[repair] = repaired.get(repair, 0) + 1
-            row = _row(item, text)
-            nbytes = len(row["text"].encode())
-            if reason in TOO_LARGE_REASONS:
-                nbytes = item.size or nbytes if reason != "extract:html_too_large" else len(item.html or b"")
-                row["text"] = row["text"][:TOO_LARGE_CHARS]
-            out.add(row, reason, nbytes)
+        for path, sha in zip(paths, shas):
+            stats = readers.ReadStats()
+            docs0, kept0, q0 = out.docs, out.kept, len(quarantine_rows)
+            for item in readers.read(path, stats, limits):
+                if isinstance(item, readers.Quarantined):
+                    quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
+                                            "reason": item.reason, "snippet": item.snippet})
+                    continue
+                text, reason = decide(item, cfg)
+                if reason is None and cfg.fix_unicode:
+                    text, repair = text_repair.repair_unicode(text)
+                    if repair:
+                        repaired[repair] = repaired.get(repair, 0) + 1
+                row = _row(item, text)
+                nbytes = len(row["text"].encode())
+                if reason in TOO_LARGE_REASONS:
+                    nbytes = item.size or nbytes if reason != "extract:html_too_large" else len(item.html or b"")
+                    row["text"] = row["text"][:TOO_LARGE_CHARS]
+                out.add(row, reason, nbytes)
+            mine = quarantine_rows[q0:]
+            files.append(FileAccount(source=path, input_sha256=sha, records_read=out.docs - docs0 + len(mine),
+                                     documents=out.docs - docs0, kept=out.kept - kept0, quarantined=len(mine),
+                                     quarantine_by_reason=_reason_counts(mine), skipped_records=stats.skipped))
+            for k, n in stats.skipped.items():
+                skipped[k] = skipped.get(k, 0) + n
         removed = out.close()
         quarantine = None
         if quarantine_rows:
@@ -363,16 +434,16 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
 
     kept_docs = sum(s.rows for s in out.kept_shards)
     result = ExtractResult(
-        stage=STAGE, shard=key, source=path, fingerprint=fp, input_sha256=input_sha,
+        stage=STAGE, shard=key, source=paths[0], fingerprint=fp, input_sha256=unit_sha, files=files,
         records_read=out.docs + len(quarantine_rows), input_docs=out.docs, kept_docs=kept_docs,
         removed_docs=removed.rows, quarantined=len(quarantine_rows),
-        quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=stats.skipped,
+        quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=skipped,
         kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
-        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": stats.skipped, "unicode_repaired": repaired,
+        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": skipped, "unicode_repaired": repaired,
                "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}},
         bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
         seconds=round(time.perf_counter() - t0, 3))
-    if out.docs != kept_docs + removed.rows:
+    if out.docs != kept_docs + removed.rows or kept_docs != out.kept:
         raise AssertionError(f"extract/{key}: {out.docs} documents != kept {kept_docs} + removed {removed.rows}")
     write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
     return result

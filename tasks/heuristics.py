@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.tasks import gopher_counts
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -123,54 +124,56 @@ class HeuristicsConfig(StageConfig):
 _TOKENIZER_LOCK = threading.Lock()
 
 
-class TokenizerZone:
-    """One spaCy memory zone per batch instead of one per call.
+MAX_LEXEMES = 200_000    # per language tokenizer: ~90 MB of spaCy vocabulary
 
-    datatrove's spaCy tokenizer opens a memory zone around every call, so spaCy rebuilds the
-    lexeme of every word of every line it sees (about 40% of the tokeniser's time here). Zones
-    exist to bound memory on long runs; a zone per batch of documents bounds it just as well and
-    lets a batch share its lexemes. spaCy zones must not nest, so inside ours the per-call zones
-    are no-ops. Tokens do not depend on the zone, so results are unchanged.
+
+def use_tokenizer_cache(languages: set[str]) -> None:
+    """spaCy's tokenizers with their cache on, memory bounded by a rebuild instead of memory zones.
+
+    datatrove's spaCy tokenizer opens a memory zone around every call. Inside a zone spaCy neither
+    keeps nor uses its per-chunk cache and builds a transient lexeme for every word it sees, so
+    every word of every line is analysed from scratch (2-2.5x slower than spaCy with its cache,
+    measured). Zones exist to bound memory on long runs; here the per-call zones are switched off
+    and a language's tokenizer is rebuilt (`spacy.blank`, ~0.1 s) once its vocabulary holds
+    MAX_LEXEMES entries. Tokens do not depend on the cache, so results are unchanged. Call under
+    _TOKENIZER_LOCK, before a batch.
     """
-
-    def __init__(self, languages: set[str]):
-        from datatrove.utils.word_tokenizers import SpaCyTokenizer, load_word_tokenizer
-        self.nlps = []
-        for lang in sorted(languages):
-            try:
-                tok = load_word_tokenizer(lang)
-            except Exception:  # a language datatrove cannot tokenise: judge() reports it per document
-                continue
-            if isinstance(tok, SpaCyTokenizer) and all(tok.tokenizer is not n for n in self.nlps):
-                self.nlps.append(tok.tokenizer)
-        self._stack = None
-
-    def __enter__(self):
-        import contextlib
-        self._stack = contextlib.ExitStack()
-        for nlp in self.nlps:
-            self._stack.enter_context(nlp.memory_zone())
+    import contextlib
+    from datatrove.utils.word_tokenizers import SpaCyTokenizer, load_word_tokenizer
+    for lang in sorted(languages):
+        try:
+            tok = load_word_tokenizer(lang)
+        except Exception:  # a language datatrove cannot tokenise: judge() reports it per document
+            continue
+        if not isinstance(tok, SpaCyTokenizer):
+            continue
+        if tok._tokenizer is not None and len(tok._tokenizer.vocab) > MAX_LEXEMES:
+            tok._tokenizer = None           # datatrove's `tokenizer` property builds a fresh one
+        nlp = tok.tokenizer
+        if "memory_zone" not in nlp.__dict__:
             nlp.memory_zone = lambda mem=None: contextlib.nullcontext(mem)
-            self._stack.callback(nlp.__dict__.pop, "memory_zone", None)
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()  # restores the per-call zones, then frees this batch's lexemes
-        return False
 
 
 class SharedTokens:
     """Each document is tokenised once for the whole filter chain.
 
-    datatrove's filters all split text through `datatrove.utils.text.split_into_parts`, which keeps
-    only the last 5 results: C4 splits every line into sentences, which evicts the document's
-    words, so FineWeb tokenises the whole text again (a quarter of the stage's time). While a
-    document is judged, `split_into_parts` answers from a per-document memo instead; outside
-    `judge` (datatrove used elsewhere in the process) it behaves exactly as before. The function
-    is pure, so results are unchanged.
+    datatrove's filters split text through `datatrove.utils.text.split_into_parts`: Gopher asks
+    for the document's words, C4 for the sentences of every line it keeps, FineWeb for the words
+    of the text C4 left, and each call runs spaCy (tokenizer and sentencizer) again. spaCy splits
+    text at every whitespace character before it looks at affixes, so no token crosses a line:
+    a line's tokens are the document's tokens inside it. While a document is judged,
+    `split_into_parts` therefore answers from one tokenisation of the document (`DocTokens`): words
+    of any text made of its lines, and sentences of any of its lines by spaCy's `Sentencizer`
+    rule; text that is not made of its lines (e.g. a line C4 cut a citation from) is tokenised on
+    its own. Outside `judge` (datatrove used elsewhere in the process) it behaves exactly as
+    before. The answers are datatrove's own (tests/test_heuristics.py compares them on the shared
+    text), so decisions are unchanged.
     """
     _installed = False
     _memo: dict | None = None        # only touched under _TOKENIZER_LOCK
+    _text: str | None = None         # the document being judged
+    _docs: dict[str, "DocTokens"] = {}
+    _stats: dict[int, "gopher_counts.WordStats"] = {}   # by id() of a word list in _memo
 
     @classmethod
     def install(cls) -> None:
@@ -191,12 +194,139 @@ class SharedTokens:
                 return original(text, mode, language)
             key = (text, mode, language)
             if key not in memo:
-                memo[key] = uncached(text, mode, language)
+                memo[key] = cls.parts(text, mode, language, uncached)
             return memo[key]
 
         split_into_parts.__wrapped__ = uncached
         dt_text.split_into_parts = split_into_parts
+        gopher_counts.install(cls.word_stats)
         cls._installed = True
+
+    @classmethod
+    def word_stats(cls, words) -> "gopher_counts.WordStats | None":
+        """Array form of a word list this class returned for the document being judged (None otherwise)."""
+        if cls._memo is None:
+            return None
+        key = id(words)
+        if key not in cls._stats:
+            if not any(words is v for v in cls._memo.values()):
+                return None
+            cls._stats[key] = gopher_counts.WordStats(words)
+        stats = cls._stats[key]
+        return stats if stats.space_free else None
+
+    @classmethod
+    def judging(cls, text: str | None) -> None:
+        """Start (a document's text) or end (None) answering for one document."""
+        cls._memo = None if text is None else {}
+        cls._text = text
+        cls._docs = {}
+        cls._stats = {}
+
+    @classmethod
+    def parts(cls, text: str, mode: str, language: str, uncached) -> list[str]:
+        """datatrove's `split_into_parts(text, mode, language)`, from the document's tokens where it can."""
+        from datatrove.utils.text import SPLIT_TEXT_SENTENCES, SPLIT_TEXT_WORDS
+        from datatrove.utils.word_tokenizers import SpaCyTokenizer, load_word_tokenizer
+        if mode not in (SPLIT_TEXT_WORDS, SPLIT_TEXT_SENTENCES):
+            return uncached(text, mode, language)
+        tok = load_word_tokenizer(language)
+        if not isinstance(tok, SpaCyTokenizer) or tok.language == "ja":   # ja is tokenised in chunks
+            return uncached(text, mode, language)
+        doc = cls._docs.get(language)
+        if doc is None:
+            doc = cls._docs[language] = DocTokens.of(cls._text, tok.tokenizer)
+        if doc is None:     # the tokenizer failed on the document: datatrove's path handles or raises
+            return uncached(text, mode, language)
+        if mode == SPLIT_TEXT_WORDS:
+            if text == doc.text:
+                return doc.words(0, len(doc.idx))
+            words: list[str] = []
+            for part in text.split("\n"):          # tokens never cross a newline (see above)
+                where = doc.find_line(part)
+                if where is not None:
+                    words += doc.words(*where[1:])
+                elif part.strip():
+                    own = DocTokens.of(part, tok.tokenizer)
+                    if own is None:
+                        return uncached(text, mode, language)
+                    words += own.words(0, len(own.idx))
+            return words
+        where = doc.find_line(text)
+        if where is None:
+            own = DocTokens.of(text, tok.tokenizer)
+            if own is None:
+                return uncached(text, mode, language)
+            doc, where = own, (0, 0, len(own.idx))
+        return doc.sentences(text, *where)
+
+
+class DocTokens:
+    """A text's spaCy tokens as arrays (char offset, length, orth hash, is_punct), with its lines."""
+
+    def __init__(self, text: str, doc, punct_chars: frozenset):
+        import numpy as np
+        from spacy.attrs import IDX, IS_PUNCT, LENGTH, ORTH
+        arr = doc.to_array([IDX, LENGTH, ORTH, IS_PUNCT]).reshape(-1, 4) if len(doc) else np.zeros((0, 4), np.uint64)
+        self.text = text
+        self.idx, self.length = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+        self.final = np.isin(arr[:, 2], _punct_hashes(punct_chars))    # a sentence-final character
+        self.plain = ~self.final & (arr[:, 3] == 0)                      # neither that nor punctuation
+        self._lines: dict[str, int] | None = None
+
+    @classmethod
+    def of(cls, text: str, nlp) -> "DocTokens | None":
+        try:
+            doc = nlp.tokenizer(text)
+        except Exception:
+            return None
+        return cls(text, doc, frozenset(nlp.get_pipe("sentencizer").punct_chars))
+
+    def find_line(self, part: str) -> tuple[int, int, int] | None:
+        """(char offset, first token, end token) of `part` if it is one of the text's lines, stripped."""
+        import numpy as np
+        if self._lines is None:
+            self._lines, pos = {}, 0
+            for line in self.text.splitlines(keepends=True):
+                stripped = line.strip()
+                if stripped and stripped not in self._lines:
+                    self._lines[stripped] = pos + len(line) - len(line.lstrip())
+                pos += len(line)
+        start = self._lines.get(part)
+        if start is None:
+            return None
+        a, b = np.searchsorted(self.idx, [start, start + len(part)])
+        return start, int(a), int(b)
+
+    def words(self, first: int, end: int) -> list[str]:
+        """The token texts, stripped, empty ones dropped (datatrove's `strip_strings`)."""
+        text = self.text
+        words = (text[a:a + n].strip() for a, n in zip(self.idx[first:end].tolist(), self.length[first:end].tolist()))
+        return [w for w in words if w]
+
+    def sentences(self, part: str, start: int, first: int, end: int) -> list[str]:
+        """`part` (at `start`, tokens first..end) cut into sentences as datatrove does: spaCy's
+        `Sentencizer` (a plain token starts a sentence if a sentence-final character came since the
+        last start), then `span_tokenize` + `split_into_parts` (cut at each sentence's end but the last)."""
+        import numpy as np
+        final, plain = self.final[first:end], self.plain[first:end]
+        events = np.flatnonzero(final | plain)
+        kinds = final[events]
+        starts = events[1:][kinds[:-1] & ~kinds[1:]]
+        last = np.append(starts - 1, end - first - 1) + first if end > first else np.zeros(0, np.int64)
+        ends = (self.idx[last] + self.length[last] - start).tolist()
+        return [part[a:b] for a, b in zip([0] + ends[:-1], ends[:-1] + [len(part)])]
+
+
+_PUNCT_HASHES: dict[frozenset, object] = {}
+
+
+def _punct_hashes(punct_chars: frozenset):
+    import numpy as np
+    if punct_chars not in _PUNCT_HASHES:
+        from spacy.strings import hash_string
+        _PUNCT_HASHES[punct_chars] = np.array(sorted(hash_string(c) for c in punct_chars), np.uint64)
+    return _PUNCT_HASHES[punct_chars]
 
 
 def _import(spec: str):
@@ -244,7 +374,7 @@ class HeuristicFilters(Stage):
 
     def _judge(self, doc, chain) -> tuple[str, str | None]:
         """The chain over one datatrove Document; the caller holds _TOKENIZER_LOCK."""
-        SharedTokens._memo = {}
+        SharedTokens.judging(doc.text)
         try:
             for name, flt in chain:
                 try:
@@ -255,7 +385,7 @@ class HeuristicFilters(Stage):
                 if not ok:
                     return doc.text, f"{name}:{rule or 'failed'}"
         finally:
-            SharedTokens._memo = None
+            SharedTokens.judging(None)
         return doc.text, None
 
     def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
@@ -266,8 +396,9 @@ class HeuristicFilters(Stage):
         new_texts, keep, reasons = [], [], []
         chains = {lang or "en": self.chain(lang or "en") for lang in set(langs)}
         tok_langs = {TOKENIZER_LANGUAGE.get(lang, "eng") for lang in chains}
-        # one lock and one tokenizer memory zone for the whole batch (see TokenizerZone)
-        with _TOKENIZER_LOCK, TokenizerZone(tok_langs):
+        # one lock for the whole batch; spaCy's cache on, its memory bounded (see use_tokenizer_cache)
+        with _TOKENIZER_LOCK:
+            use_tokenizer_cache(tok_langs)
             verdicts = [self._judge(Document(text=text, id=doc_id), chains[lang or "en"])
                         for text, lang, doc_id in zip(texts, langs, ids)]
         for text, (new_text, reason) in zip(texts, verdicts):

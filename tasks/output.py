@@ -59,11 +59,16 @@ def _batches(shards: list[Shard], schema: pa.Schema, cfg: OutputConfig):
         yield table.slice(i, cfg.batch_rows)
 
 
+def curated_marker(out_dir: Path) -> Path:
+    """The curated parts' reuse marker (fingerprint and part hashes). It sits beside the folder, not
+    in it: `pl.read_parquet("OUT/curated/")` and `load_dataset("parquet", data_dir=...)` read every
+    file of the folder."""
+    return out_dir.with_name(f".{out_dir.name}.json")
+
+
 def write_curated(shards: list[Shard], out_dir: str | Path, cfg: OutputConfig) -> list[Shard]:
     out_dir = Path(out_dir)
-    # the reuse marker sits beside the folder, not in it: `pl.read_parquet("OUT/curated/")` and
-    # `load_dataset("parquet", data_dir=...)` read every file of the folder
-    marker = out_dir.with_name(f".{out_dir.name}.json")
+    marker = curated_marker(out_dir)
     (out_dir / "_curated.json").unlink(missing_ok=True)     # where older versions kept it
     fp = sha256_json({"inputs": [s.sha256 for s in shards], "config": cfg.model_dump(mode="json")})
     if marker.exists():

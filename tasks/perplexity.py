@@ -57,6 +57,9 @@ class PerplexityConfig(StageConfig):
                                                              "larger batches were slower on CPU here)")
     batch_rows: int = Field(2000, ge=1, description="rows read per parquet batch")
     threads: int | None = Field(None, ge=1, le=256, description="torch threads (default: torch's choice)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: the student runs on CUDA (bf16, length-bucketed batches) when a GPU is visible")
+    cuda_batch_tokens: int = Field(131072, ge=256, description="on CUDA: padded tokens per batch of similar-length documents")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -66,6 +69,8 @@ class PerplexityConfig(StageConfig):
             raise ValueError("remove_tail needs buckets: true")
         if self.buckets and self.bucket_by == "kenlm" and not self.kenlm:
             raise ValueError("bucket_by: kenlm needs a kenlm model")
+        if self.quantize and self.device == "cuda":
+            raise ValueError("quantize: int8 dynamic quantisation runs on the CPU only (device: cuda)")
         return self
 
     @field_validator("kenlm")
@@ -81,10 +86,12 @@ class PerplexityConfig(StageConfig):
 # ---- loading models (resolution: quipu.trainer.models) -------------------------------------------
 
 @lru_cache(maxsize=4)
-def load_student(path: str, quantize: bool, threads: int | None):
-    from quipu.trainer.wayra import StudentError, WayraStudent
+def load_student(path: str, quantize: bool, threads: int | None, device: str = "cpu"):
+    from quipu.trainer.wayra import StudentError, WayraStudent, resolve_device
     try:
-        return WayraStudent.load(path, quantize=quantize, threads=threads)
+        # int8 is CPU-only: with quantize, auto means the CPU
+        return WayraStudent.load(path, quantize=quantize, threads=threads,
+                                 device="cpu" if quantize and device == "auto" else resolve_device(device).type)
     except StudentError as e:
         raise PerplexityModelError(str(e)) from None
 
@@ -103,12 +110,16 @@ class Scorer:
     def __init__(self, cfg: PerplexityConfig, models: dict):
         self.cfg = cfg
         self.models = models
-        self.student = load_student(models["student"], cfg.quantize, cfg.threads)
+        self.student = load_student(models["student"], cfg.quantize, cfg.threads, cfg.device)
+        on_gpu = self.student.device.type == "cuda"
+        # CUDA: batches by a token budget (thousands of short documents at once); CPU: small batches
+        self.batch = (1 << 20, cfg.cuda_batch_tokens) if on_gpu else (cfg.batch_size, None)
         self.kenlm = {lang: load_kenlm(p) for lang, p in models["kenlm"].items()}
 
     def score(self, t: pa.Table) -> dict[str, list]:
         texts = t.column("text").to_pylist()
-        out = {"ppl_wayra": [math.exp(v) for v in self.student.predict_log_ppl(texts, self.cfg.batch_size)]}
+        out = {"ppl_wayra": [math.exp(v) for v in self.student.predict_log_ppl(
+            texts, self.batch[0], max_batch_tokens=self.batch[1])]}
         if self.kenlm:
             vals = []
             for text, lang in zip(texts, langs_of(t)):

@@ -128,7 +128,8 @@ def file_problem(path: str) -> str | None:
     return f"not a regular file ({kind}): not opened"
 
 
-def _size(path: str) -> int | None:
+def file_size(path: str) -> int | None:
+    """Bytes of a local or fsspec file, or None when it cannot be stat'ed (never opens it)."""
     try:
         local = _local(path)
         if local is not None:
@@ -146,7 +147,7 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iter
         yield Quarantined(path, "file", problem)
         return
     kind = reader_kind(path)
-    size = _size(path)
+    size = file_size(path)
     if size == 0:  # most often a failed download or copy: say so rather than read nothing
         yield Quarantined(path, "file", "empty file (0 bytes)")
         return

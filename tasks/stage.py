@@ -6,7 +6,7 @@ removal. The driver (`quipu.tasks.driver`, in process; the curate flow, with Pre
 its phases in this order:
 
     check()                      load models, indexes: fail before any document is read
-    scan(shard)      per shard   optional (`needs_scan`): signatures, scores
+    scan(shard)      per shard   optional (`needs_scan`: a global stage): signatures, scores
     plan(scans)      once        optional: dedup clusters, per-language cut-offs
       or, partitioned (`plan_partitions(scans)` returns a list):
       plan_partition(scans, part)   per partition, in parallel (e.g. a hash range of dedup's buckets)
@@ -15,6 +15,12 @@ its phases in this order:
     process(batch, shard_plan)   per batch of a shard: kept / removed with reasons, stats
     commit(scans, plan)          once, after every shard's output is written (e.g. the dedup index)
     finalize(stats, ...)         stage-wide figures of the report (top-k examples, means, cut-offs)
+
+Consecutive stages without a scan run fused (`driver.Segment`): one pass per shard feeds each
+batch through a global stage's process and the per-document stages after it, writing each stage's
+removed rows and done-marker but only the segment's last kept rows (every stage's with
+`keep_intermediate`). A stage's `process` therefore sees batches of any size, even a few rows:
+its decisions must not depend on how a shard is cut into batches.
 
 `fingerprint(shard_plan)` says what, besides the input shard, the code and the config, a finished
 shard depends on (model files, cut-offs, decisions): a rerun reuses a shard only if it matches.
@@ -64,7 +70,7 @@ class ShardResult(BaseModel):
     shard: str
     fingerprint: str
     input: Shard
-    kept: Shard
+    kept: Shard | None        # None: the stage ran fused and its kept rows went on unwritten
     removed: Shard
     input_docs: int
     kept_docs: int
@@ -80,7 +86,7 @@ class ShardResult(BaseModel):
     skipped: bool = False     # reused from an earlier run (not stored in the marker)
 
     def outputs(self) -> list[Shard]:
-        return [self.kept, self.removed]
+        return [s for s in (self.kept, self.removed) if s is not None]
 
 
 @dataclass(frozen=True)
@@ -132,8 +138,19 @@ class StageLayout:
         return self.root / "report.json"
 
     def scratch(self, name: str) -> Path:
-        """A folder for a global stage's intermediate files (signatures, plans, scores)."""
+        """A folder for a global stage's work files (signatures, plans, scores). Name it with a
+        leading `_`: the run deletes such folders when it completes (unless `keep_work_files`)."""
         return self.root / name
+
+    def work_dirs(self) -> list[Path]:
+        """The stage's work folders: `_*` beside `_shards` and any folder inside `_shards`; never
+        the done-markers, `removed/` or the report."""
+        if not self.root.is_dir():
+            return []
+        dirs = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("_") and p != self.markers]
+        if self.markers.is_dir():
+            dirs += [p for p in self.markers.iterdir() if p.is_dir()]
+        return sorted(dirs)
 
 
 @dataclass
@@ -223,6 +240,11 @@ class ShardWriter:
         self._ctx = atomic_path(self.path)
         self._tmp = self._ctx.__enter__()
         self._writer: pq.ParquetWriter | None = None
+
+    @property
+    def opened(self) -> bool:
+        """Whether a first batch (even an empty one) gave the file its schema."""
+        return self._writer is not None
 
     def write(self, table: pa.Table) -> None:
         if self._writer is None:

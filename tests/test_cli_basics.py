@@ -95,21 +95,21 @@ def _curate(*args, timeout=600):
 
 
 def test_curate_refuses_bad_outputs_and_inputs_before_any_work(tmp_path):
-    import time
     (tmp_path / "a.txt").write_text("not an input\n")
     (tmp_path / "b.csv").write_text("x,y\n")
     (tmp_path / "docs.jsonl").write_text('{"id": "1", "text": "hello"}\n')
     (tmp_path / "taken").write_text("a file")
-    t0 = time.time()
+    # a Prefect API nobody answers on: a check that ran after Prefect started would fail differently
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", "configs/curate/demo.yaml",
                         "--input", str(tmp_path / "*.txt"), "--input", str(tmp_path / "*.csv"),
-                        "--output", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--output", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 2 and "no supported input files: 2 matched (a.txt, b.csv)" in p.stderr, p.stderr
     p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", "configs/curate/demo.yaml",
                         "--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "taken")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 2 and "is a file, not a folder" in p.stderr, p.stderr
-    assert p.stderr.count("\n") == 1 and time.time() - t0 < 100   # one line each, no Prefect start-up
+    assert p.stderr.count("\n") == 1    # one line, no traceback
     assert not (tmp_path / "out").exists()
 
 

@@ -96,7 +96,8 @@ def test_curate_on_dask_cluster_matches_threads(prefect_server, shared_data, tmp
     outputs = {}
     for kind in ("threads", "dask"):
         over = [f"input=[{inp}]", f"output={tmp_path / kind}", "extract.shard_mb=0.05", "dedup.enabled=true",
-                "dedup.partitions=4", "dedup.backend=none", "heuristics.enabled=false", "workers=2"]
+                "dedup.partitions=4", "dedup.backend=none", "heuristics.enabled=false", "workers=2",
+                "keep_intermediate=true", "keep_work_files=true"]   # dedup/kept and the plan markers stay
         if kind == "dask":
             over += ["runner.kind=dask", f"runner.address={address}"]
         assert run_curate(load_config(CurateConfig, cfg_file, over)) == 0

@@ -113,3 +113,65 @@ def test_a_rule_that_fails_removes_the_document_visibly():
     stage._chains["en"] = [("broken", Broken())]
     out = stage.process(table([EN], ["en"]))
     assert out.removed.column("reason").to_pylist() == ["broken:error:ValueError"]
+
+
+def test_one_tokenisation_answers_as_datatrove(shared_data):
+    """While a document is judged, words and sentences come from one tokenisation of the document
+    (`SharedTokens`): they must be datatrove's own answers for the document, every line of it, the
+    text C4 leaves (lines dropped, citations cut) and lines that are not the document's."""
+    import datatrove.utils.text as dt
+    from datatrove.pipeline.filters.c4_filters import CITATION_REGEX
+    from quipu.tasks.heuristics import SharedTokens
+    SharedTokens.install()
+    datatrove_parts = dt.split_into_parts.__wrapped__
+    checked = 0
+    for path in sorted((shared_data / "text").glob("*.jsonl")):
+        lang = {"en": "eng", "es": "spa", "pt": "por"}.get(path.name[:2], "eng")
+        with open(path, encoding="utf-8") as fh:
+            texts = [json.loads(line)["text"] for _, line in zip(range(12), fh)]
+        texts.append("Odd  spacing .. and\ttabs!\n\n  Indented [1] line?  Yes .\r\nA line\u2028after a separator.\x0cEnd")
+        for text in texts:
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            c4_text = "\n".join(CITATION_REGEX.sub("", line) for line in lines if len(line.split()) >= 3).strip()
+            asks = ([(text, "WORDS"), (c4_text, "WORDS"), (text, "SENTENCE"), ("Not from it. At all", "SENTENCE")]
+                    + [(line, "SENTENCE") for line in lines] + [(CITATION_REGEX.sub("", line), "SENTENCE") for line in lines])
+            SharedTokens.judging(text)
+            try:
+                ours = [SharedTokens.parts(t, mode, lang, datatrove_parts) for t, mode in asks]
+            finally:
+                SharedTokens.judging(None)
+            for (t, mode), got in zip(asks, ours):
+                assert got == datatrove_parts(t, mode, lang), (path.name, mode, t[:80])
+                checked += 1
+    assert checked > 2000
+
+
+def test_gopher_repetition_counts_as_datatrove(shared_data):
+    """`WordStats` gives datatrove's own top n-gram and repeated n-gram counts: on real words and on
+    word lists built to repeat (including concatenations that repeat across word boundaries,
+    "ab"+"c" = "a"+"bc", which datatrove's join without spaces counts)."""
+    import random
+
+    import datatrove.pipeline.filters.gopher_repetition_filter as rep
+    from datatrove.utils.text import split_into_words
+    from quipu.tasks.gopher_counts import NGrams, WordStats
+    from quipu.tasks.heuristics import SharedTokens
+    # outside a judged document datatrove's helpers (patched or not) run datatrove's own code
+    assert SharedTokens._memo is None
+    rng = random.Random(7)
+    cases = []
+    for path in sorted((shared_data / "text").glob("*.jsonl"))[:6]:
+        with open(path, encoding="utf-8") as fh:
+            cases += [split_into_words(json.loads(line)["text"], "eng") for _, line in zip(range(6), fh)]
+    vocab = ["a", "b", "ab", "ba", "abc", "c", "bc", "é", "😀"]
+    cases += [[rng.choice(vocab) for _ in range(rng.randint(0, 50))] for _ in range(300)]
+    cases += [[rng.choice(vocab) for _ in range(6)] * rng.randint(1, 5) for _ in range(50)]
+    for words in cases:
+        stats = WordStats(words)
+        for n in (2, 3, 4):
+            grams = rep.get_n_grams(words, n)
+            if grams:
+                assert not isinstance(grams, NGrams)
+                assert stats.top_duplicate(n) == rep.find_top_duplicate(grams), (words[:10], n)
+        for n in range(5, 11):
+            assert stats.all_duplicate(n) == rep.find_all_duplicate(words, n), (words[:10], n)

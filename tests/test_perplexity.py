@@ -281,6 +281,150 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
         teacher_body(arch)          # no teacher config: nothing to build the body from
 
 
+def test_lens_feature_student_trains_saves_and_loads(tmp_path, tiny_teacher_dir):
+    """lens_feature: the head also sees each token's tied-embedding score from the previous state."""
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    texts = noisy_texts(200, seed=14)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    labels = [sum(t) / len(t) for t in tokens]
+    arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, d_model=32, max_len=32,
+                     nll_feature=False, lens_feature=True)
+    student, metrics = distill(texts[:160], labels[:160], arch,
+                               DistillSettings(epochs=6, lm_weight=0.0, lr=3e-3, body_lr=1e-3, threads=1, patience=6),
+                               log=lambda m: None, teacher_model=teacher, token_labels=tokens[:160])
+    assert student.model.head[0].in_features == teacher.model.config.hidden_size + 1
+    pred = student.predict_log_ppl(texts[160:])
+    assert spearman(pred, labels[160:]) > 0.8, metrics
+    student.save(tmp_path / "s")
+    assert WayraStudent.load(tmp_path / "s").predict_log_ppl(texts[160:]) == pytest.approx(pred, abs=1e-6)
+    with pytest.raises(ValueError, match="lens_feature needs body: teacher"):
+        WayraArch(tokenizer="teacher", head="token", nll_feature=False, lens_feature=True)
+
+
+def test_assistant_student_labels_unlabelled_text_for_a_smaller_student(tiny_teacher_dir):
+    """A (wider) student's per-token predictions are training data for a smaller one: they are in
+    nats, one per token after BOS, and the smaller student learns from them (never validated on them)."""
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import StudentError, WayraArch
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    texts = noisy_texts(300, seed=13)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    labels = [sum(t) / len(t) for t in tokens]
+    arch = WayraArch(tokenizer="teacher", head="token", d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=32,
+                     nll_feature=False)
+    settings = DistillSettings(epochs=8, lm_weight=0.0, lr=3e-3, threads=1, patience=8)
+    wide, _ = distill(texts[:120], labels[:120], arch, settings, log=lambda m: None, teacher_model=teacher,
+                      token_labels=tokens[:120])
+    per_token = wide.predict_token_nll(texts[120:260], batch_size=9)
+    assert [len(n) for n in per_token] == [len(t) for t in tokens[120:260]]
+    doc = [sum(n) / len(n) for n in per_token]
+    assert doc == pytest.approx(wide.predict_log_ppl(texts[120:260]), abs=0.02)   # the same numbers, in nats
+    # the small student: 30 teacher-labelled documents alone, or with 140 the assistant labelled
+    small = arch.model_copy(update={"d_model": 16, "d_ff": 32})
+    alone, _ = distill(texts[:30], labels[:30], small, settings, log=lambda m: None, teacher_model=teacher,
+                       token_labels=tokens[:30])
+    helped, m = distill(texts[:30], labels[:30], small, settings, log=lambda m: None, teacher_model=teacher,
+                        token_labels=tokens[:30], assisted=list(zip(texts[120:260], per_token)))
+    assert m["assisted_docs"] == 140 and m["val_docs"] == 3 and m["train_docs"] == 27 + 140
+    held = texts[260:]
+    rho_alone = spearman(alone.predict_log_ppl(held), labels[260:])
+    rho_helped = spearman(helped.predict_log_ppl(held), labels[260:])
+    assert rho_helped > 0.8 and rho_helped > rho_alone - 0.02, (rho_alone, rho_helped)
+    doc_arch = WayraArch(vocab_size=320, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=32)
+    with pytest.raises(StudentError, match="head: token"):
+        distill(texts[:20], labels[:20], doc_arch, settings, log=lambda m: None, assisted=[(texts[0], [1.0])])
+
+
+def test_device_selection_on_cpu(monkeypatch, tiny_teacher_dir, tiny_student):
+    """auto is the CPU without a GPU (and CUDA with one); asking for cuda without one says so; the
+    student and the teacher land on the device chosen."""
+    import torch
+    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings
+    from quipu.trainer.wayra import StudentError, WayraStudent, resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu" and resolve_device("cpu").type == "cpu"
+    with pytest.raises(StudentError, match="no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(StudentError, match="expected auto, cpu or cuda"):
+        resolve_device("tpu")
+    with pytest.raises(TeacherError, match="no CUDA device"):
+        Teacher(str(tiny_teacher_dir), TeacherSettings(device="cuda"))
+    assert Teacher(str(tiny_teacher_dir), TeacherSettings(device="auto", bf16=False)).device.type == "cpu"
+    with pytest.raises(StudentError, match="no CUDA device"):
+        WayraStudent.load(tiny_student[0], device="cuda")
+    student = WayraStudent.load(tiny_student[0], device="auto")
+    assert student.device.type == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # nothing below touches the device
+    assert resolve_device("auto").type == "cuda" and resolve_device("cpu").type == "cpu"
+    with pytest.raises(StudentError, match="CPU only"):
+        WayraStudent.load(tiny_student[0], quantize=True, device="cuda")
+
+
+def test_eval_window_defaults_to_the_students_own(tmp_path, tiny_student):
+    """`quipu ppl eval` compares with the teacher over the window the student was distilled on."""
+    import shutil
+    from quipu.flows.ppl import student_window
+    d = tmp_path / "s"
+    shutil.copytree(tiny_student[0], d)
+    assert student_window(str(d)) is None                      # document head, no window recorded
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "teacher_max_tokens": 128}))
+    assert student_window(str(d)) == 128
+    (d / "config.json").write_text(json.dumps({**cfg, "arch": {**cfg["arch"], "head": "token", "max_len": 65}}))
+    assert student_window(str(d)) == 64                        # head: token reads BOS + the teacher's tokens
+    assert student_window(str(tmp_path / "missing")) is None
+
+
+def test_length_batches_cap_documents_and_padded_tokens():
+    from quipu.trainer.wayra import length_batches
+    lengths = [5, 50, 3, 50, 20, 7, 7, 100, 1]
+    by_count = length_batches(lengths, 3)
+    assert by_count == [[8, 2, 0], [5, 6, 4], [1, 3, 7]]
+    by_tokens = length_batches(lengths, 100, max_batch_tokens=100)
+    assert sorted(i for b in by_tokens for i in b) == list(range(len(lengths)))
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 or len(b) == 1 for b in by_tokens)
+    assert [len(b) for b in by_tokens] == [5, 2, 1, 1] and by_tokens[-1] == [7]
+
+
+def test_bucket_agreement_counts_ccnet_buckets_per_language():
+    from quipu.flows.ppl import bucket_agreement
+    truth = [float(i) for i in range(10)] * 2
+    langs = ["en"] * 10 + ["es"] * 10
+    same = bucket_agreement(truth, truth, langs)
+    assert same["same_bucket"] == 1.0 and same["by_lang"]["es"]["tail_recall"] == 1.0
+    # reversed order in es: head and tail swap, only the middle can agree
+    pred = truth[:10] + truth[10:][::-1]
+    r = bucket_agreement(pred, truth, langs)
+    assert r["by_lang"]["en"]["same_bucket"] == 1.0 and r["by_lang"]["es"]["same_bucket"] == 0.2
+    assert r["teacher_to_student"]["head->tail"] == 3 and r["by_lang"]["es"]["tail_recall"] == 0.0
+    assert sum(r["teacher_to_student"].values()) == 20
+
+
+@pytest.mark.gpu
+def test_stage_on_cuda_matches_cpu(tmp_path, tiny_student):
+    """On a GPU machine: the stage's student on CUDA (bf16, token-budget batches) ranks documents as
+    on the CPU. Skipped, with the reason, where there is no GPU."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine (torch.cuda.is_available() is false)")
+    from quipu.tasks.perplexity import PerplexityConfig, Scorer
+    from quipu.trainer.wayra_train import spearman
+    texts = noisy_texts(300, seed=31)[0]
+    t = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts, "lang": ["en"] * len(texts)})
+    models = {"student": str(tiny_student[0]), "kenlm": {}}
+    gpu = Scorer(PerplexityConfig(enabled=True, device="cuda"), models)
+    assert gpu.student.device.type == "cuda"
+    cpu = Scorer(PerplexityConfig(enabled=True, device="cpu"), models)
+    a, b = gpu.score(t)["ppl_wayra"], cpu.score(t)["ppl_wayra"]
+    assert spearman(a, b) > 0.99
+
+
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
     from quipu.trainer.wayra import StudentError, WayraStudent

@@ -203,7 +203,8 @@ def test_curate_with_quality_stage(shared_data, shared_model, tmp_path, prefect_
     src = _stage_input(shared_data, tmp_path / "in.jsonl")
     cfg = load_config(CurateConfig, ROOT / "configs/curate/demo.yaml",
                       [f"input=[{src}]", f"output={tmp_path / 'run'}", "heuristics.enabled=false",
-                       "quality.enabled=true", f"quality.model={shared_model['path']}", "quality.threshold=0.5"])
+                       "quality.enabled=true", f"quality.model={shared_model['path']}", "quality.threshold=0.5",
+                       "keep_intermediate=true"])   # quality/kept is read below
     summary = curate(cfg)
     stages = {s["name"]: s for s in summary["stages"]}
     q = stages["quality"]
@@ -237,7 +238,7 @@ def test_curate_top_fraction_per_language(shared_data, shared_model, tmp_path, p
                       [f"input=[{src}]", f"output={tmp_path / 'run'}", "heuristics.enabled=false",
                        "quality.enabled=true", f"quality.model={shared_model['path']}", "quality.keep=top_fraction",
                        "quality.top_fraction=0.3", "quality.top_fraction_per_language={es: 0.5}",
-                       "extract.shard_mb=0.05"])   # several shards: the cut must not depend on them
+                       "extract.shard_mb=0.05", "keep_intermediate=true"])   # several shards: the cut must not depend on them
     summary = curate(cfg)
     report = read_json(tmp_path / "run/quality/report.json")
     st = report["stats"]

@@ -74,6 +74,11 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def label_key(fingerprint: str, max_tokens: int, text: str) -> str:
+    """The catalog key of a teacher's label: (teacher weights, window, text)."""
+    return f"{fingerprint}:{max_tokens}:{text_hash(text)}"
+
+
 @dataclass
 class TeacherSettings:
     max_tokens: int = 512
@@ -81,6 +86,8 @@ class TeacherSettings:
     bf16: bool = True
     loss_chunk: int = 128          # positions per vocabulary projection (memory, not speed)
     threads: int | None = None
+    device: str = "auto"           # auto|cpu|cuda; on CUDA bf16 always and batches by token budget
+    cuda_batch_tokens: int = 65536  # CUDA: padded tokens per batch (length-bucketed, so large batches)
 
 
 class Teacher:
@@ -95,6 +102,12 @@ class Teacher:
     def _load(self):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from quipu.trainer.wayra import StudentError, resolve_device
+        try:
+            self.device = resolve_device(self.settings.device)
+        except StudentError as e:
+            raise TeacherError(f"teacher {e}") from None
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         kwargs = {}
@@ -107,10 +120,12 @@ class Teacher:
         except Exception as e:  # transformers raises many types; the user needs the path and the cause
             raise TeacherError(f"teacher model {self.path} does not load: {type(e).__name__}: {str(e)[:300]}") from None
         model.eval()
+        if self.device.type == "cuda":
+            model.to(self.device, dtype=torch.bfloat16)
         return model, tok
 
     def cache_key(self, text: str) -> str:
-        return f"{self.fingerprint}:{self.settings.max_tokens}:{text_hash(text)}"
+        return label_key(self.fingerprint, self.settings.max_tokens, text)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids with a leading BOS (so the first real token is scored too), cut at max_tokens."""
@@ -130,12 +145,13 @@ class Teacher:
 
     def token_nll(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[list[float]]:
         """Each text's per-token NLLs (nats) of tokens 1..max_tokens after BOS; [] for an empty text."""
+        from quipu.trainer.wayra import length_batches
         encoded = self.encode(texts)
-        order = sorted(range(len(texts)), key=lambda i: (len(encoded[i]), i))
         result: list[list[float]] = [[] for _ in texts]
-        bs = self.settings.batch_size
-        for start in range(0, len(order), bs):
-            idx = order[start:start + bs]
+        on_gpu = self.device.type == "cuda"
+        batches = length_batches([len(e) for e in encoded], 1 << 20 if on_gpu else self.settings.batch_size,
+                                 self.settings.cuda_batch_tokens if on_gpu else None)
+        for idx in batches:
             values = self._score_batch([encoded[i] for i in idx])
             for i, v in zip(idx, values):
                 result[i] = v
@@ -146,17 +162,15 @@ class Teacher:
     def _score_batch(self, seqs: list[list[int]]) -> list[list[float]]:
         import torch
         import torch.nn.functional as F
+
+        from quipu.trainer.wayra import autocast, pad_batch
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, :len(s)] = torch.tensor(s)
-            mask[r, :len(s)] = 1
+        ids, mask = pad_batch(seqs, pad, self.device)
         base = getattr(self.model, self.model.base_model_prefix)
         head = self.model.get_output_embeddings()
-        nll = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
+        nll = torch.zeros((len(seqs), width - 1), dtype=torch.float32, device=self.device)
+        with torch.inference_mode(), autocast(self.device, self.settings.bf16):
             hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state
             targets, tmask = ids[:, 1:], mask[:, 1:].bool()
             c = self.settings.loss_chunk
@@ -166,6 +180,7 @@ class Teacher:
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                        reduction="none").view(tgt.shape)
                 nll[:, p:p + c] = loss
+        nll = nll.cpu()
         return [nll[r, :len(s) - 1].tolist() for r, s in enumerate(seqs)]
 
 
@@ -224,7 +239,8 @@ class LabelCache:
             done += len(ks)
             if log:
                 rate = done / max(time.perf_counter() - t0, 1e-9)
-                log(f"labelled {done}/{len(todo_keys)} new documents ({rate:.2f} docs/s)")
+                eta = (len(todo_keys) - done) / rate
+                log(f"labelled {done}/{len(todo_keys)} new documents ({rate:.2f} docs/s, ETA {eta / 60:.1f} min)")
         seconds = time.perf_counter() - t0
         values = [math.nan if cached.get(k) is None else float(cached[k]) for k in keys]
         stats = {"documents": len(texts), "cached": len(texts) - len(todo_keys),

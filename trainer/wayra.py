@@ -54,6 +54,42 @@ class StudentError(UserError, ValueError):
     """A student model directory that cannot be used; the message names the path."""
 
 
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto`: CUDA when a GPU is visible, else the CPU; `cuda` without a GPU is an error that says so."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise StudentError(f"device: {device!r}, expected auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise StudentError("device: cuda, but no CUDA device is available (torch.cuda.is_available() is false); "
+                           "use device: auto or cpu")
+    return torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def autocast(device: torch.device, bf16: bool):
+    """bf16 autocast: always on CUDA (tensor cores), on the CPU only when asked (`bf16`)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 or device.type == "cuda")
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices sorted by length (ties by index) cut into batches of at most `batch_size` documents and,
+    with `max_batch_tokens`, at most that many padded tokens: documents of similar length together, so
+    little padding; on a GPU the token budget makes batches of short documents large."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        # sorted ascending: the batch's padded width is the length of the document being added
+        if cur and (len(cur) >= batch_size or (max_batch_tokens and (len(cur) + 1) * lengths[i] > max_batch_tokens)):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
 class WayraArch(BaseModel):
     """The student's shape; stored in config.json."""
     model_config = ConfigDict(extra="forbid")
@@ -75,6 +111,10 @@ class WayraArch(BaseModel):
         "own", description="own: a small transformer of d_model x n_layers trained from scratch; teacher: the teacher's "
                            "embeddings and first teacher_layers decoder layers, fine-tuned (needs tokenizer: teacher)")
     teacher_layers: int = Field(2, ge=1, le=128, description="body: teacher — how many of the teacher's first layers")
+    lens_feature: bool = Field(False, description="body: teacher, head: token — also give the head each token's score "
+                                                  "under the teacher's (tied) embeddings read from the previous "
+                                                  "position's state: a logit lens without the softmax normaliser, "
+                                                  "one dot product per token")
     teacher_config: dict | None = Field(
         None, description="body: teacher — the teacher's HF config, written by distillation so that the student "
                           "loads without the teacher")
@@ -90,6 +130,8 @@ class WayraArch(BaseModel):
             raise ValueError("body: teacher needs tokenizer: teacher (the layers read the teacher's token ids)")
         if self.body == "teacher" and self.nll_feature:
             raise ValueError("body: teacher has no next-token output; set nll_feature: false")
+        if self.lens_feature and (self.body != "teacher" or self.head != "token"):
+            raise ValueError("lens_feature needs body: teacher and head: token")
         return self
 
 
@@ -197,7 +239,7 @@ class WayraModel(nn.Module):
         super().__init__()
         self.arch = a
         self.drop = nn.Dropout(a.dropout)
-        extra = 0 if a.head == "token" else (2 if a.nll_feature else 1)
+        extra = (1 if a.lens_feature else 0) if a.head == "token" else (2 if a.nll_feature else 1)
         if a.body == "teacher":
             self.body = teacher_body(a)
             width = self.body.config.hidden_size
@@ -221,8 +263,8 @@ class WayraModel(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def precision(self):
-        """The autocast context of training and inference: bf16 when `arch.bf16`."""
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.arch.bf16)
+        """The autocast context of training and inference: bf16 when `arch.bf16`, and always on CUDA."""
+        return autocast(next(self.parameters()).device, self.arch.bf16)
 
     def hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.arch.body == "teacher":
@@ -247,6 +289,11 @@ class WayraModel(nn.Module):
         h = self.hidden(ids, mask)
         m = mask.to(torch.float32)      # sums over a document stay fp32 under bf16 autocast
         if self.arch.head == "token":
+            if self.arch.lens_feature:
+                # score of token j under the state at j - 1 (tied embeddings, no normaliser); 0 at BOS
+                emb = self.body.get_input_embeddings().weight
+                lens = (h[:, :-1] * emb[ids[:, 1:]].to(h.dtype)).sum(-1) / h.shape[-1] ** 0.5
+                h = torch.cat([h, F.pad(lens, (1, 0)).unsqueeze(-1).to(h.dtype)], dim=-1)
             per_token = self.head(h).squeeze(-1).float()
             scored = m.clone()
             scored[:, 0] = 0          # BOS: the teacher scores the tokens after it, not BOS itself
@@ -271,13 +318,16 @@ class WayraModel(nn.Module):
         return pred, lm_sum, lm_n, None
 
 
-def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and mask (built on the CPU, then moved in one copy)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
         mask[r, :len(s)] = 1
+    if device is not None and device.type != "cpu":
+        return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
     return ids, mask
 
 
@@ -302,38 +352,66 @@ class WayraStudent:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode(self.tokenizer, texts, self.arch.max_len, self.bos_id)
+    def encode(self, texts: Sequence[str], max_len: int | None = None) -> list[list[int]]:
+        return encode(self.tokenizer, texts, min(max_len or self.arch.max_len, self.arch.max_len), self.bos_id)
 
-    def for_inference(self) -> "WayraStudent":
-        """Eval mode; with `arch.bf16` the weights themselves become bf16 (autocast would cast every
-        weight on every call: ~20% of the student's time here)."""
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def for_inference(self, device: str | torch.device = "cpu") -> "WayraStudent":
+        """Eval mode on `device` (auto|cpu|cuda); bf16 weights with `arch.bf16` and always on CUDA
+        (autocast would cast every weight on every call: ~20% of the student's time on the CPU here)."""
+        dev = device if isinstance(device, torch.device) else resolve_device(device)
         self.model.eval()
-        if self.arch.bf16:
+        self.model.to(dev)
+        if self.arch.bf16 or dev.type == "cuda":
             self.model.to(torch.bfloat16)
         return self
 
-    def predict_log_ppl(self, texts: Sequence[str], batch_size: int = 16) -> list[float]:
-        """Predicted teacher log-perplexity of each text (batches sorted by length)."""
+    def predict_log_ppl(self, texts: Sequence[str], batch_size: int = 16, max_len: int | None = None,
+                        max_batch_tokens: int | None = None) -> list[float]:
+        """Predicted teacher log-perplexity of each text, in batches of similar length (at most
+        `batch_size` documents and `max_batch_tokens` padded tokens). `max_len`: read only the first
+        `max_len - 1` tokens (a shorter window than the student was trained on; default its own)."""
         if not len(texts):
             return []
-        seqs = self.encode(texts)
-        order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
+        seqs = self.encode(texts, max_len)
         out = [0.0] * len(seqs)
+        device = self.device
         self.model.eval()
         with torch.inference_mode(), self.model.precision():
-            for s in range(0, len(order), batch_size):
-                idx = order[s:s + batch_size]
-                ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id)
+            for idx in length_batches([len(s) for s in seqs], batch_size, max_batch_tokens):
+                ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id, device)
                 pred, _, _, _ = self.model(ids, mask)
-                for i, v in zip(idx, pred.tolist()):
+                for i, v in zip(idx, pred.float().cpu().tolist()):
                     out[i] = v * self.label_std + self.label_mean
         return out
 
+    def predict_token_nll(self, texts: Sequence[str], batch_size: int = 16,
+                          max_batch_tokens: int | None = None) -> list[list[float]]:
+        """`head: token`: the NLL (nats) the student predicts the teacher gives each token after BOS;
+        what a smaller student learns from when this one is its assistant (unlabelled text)."""
+        if self.arch.head != "token":
+            raise StudentError("per-token predictions need a student with head: token")
+        seqs = self.encode(texts)
+        out: list[list[float]] = [[] for _ in seqs]
+        device = self.device
+        self.model.eval()
+        with torch.inference_mode(), self.model.precision():
+            for idx in length_batches([len(s) for s in seqs], batch_size, max_batch_tokens):
+                ids, mask = pad_batch([seqs[i] for i in idx], self.pad_id, device)
+                _, _, _, per_token = self.model(ids, mask)
+                per_token = (per_token.float() * self.label_std + self.label_mean).cpu()
+                for r, i in enumerate(idx):
+                    out[i] = [round(v, 3) for v in per_token[r, 1:len(seqs[i])].tolist()]
+        return out
+
     def quantize(self) -> "WayraStudent":
-        """int8 dynamic quantisation of the linear layers (weights int8, activations quantised on the fly)."""
+        """int8 dynamic quantisation of the linear layers (weights int8, activations quantised on the fly;
+        CPU only)."""
         from torch.ao.quantization import quantize_dynamic
-        self.model.eval().float()
+        self.model.eval().float().cpu()
         self.model = quantize_dynamic(self.model, {nn.Linear}, dtype=torch.qint8)
         # the int8 kernels take fp32 activations: no bf16 autocast around them
         self.model.arch = self.model.arch.model_copy(update={"bf16": False})
@@ -344,7 +422,7 @@ class WayraStudent:
         from safetensors.torch import save_file
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
         with atomic_path(d / WEIGHTS_FILE) as tmp:
             save_file(state, str(tmp))
         with atomic_path(d / TOKENIZER_FILE) as tmp:
@@ -358,8 +436,10 @@ class WayraStudent:
         return cfg
 
     @classmethod
-    def load(cls, directory: str | Path, quantize: bool = False, threads: int | None = None) -> "WayraStudent":
-        """Load and verify a student directory; every failure names the path."""
+    def load(cls, directory: str | Path, quantize: bool = False, threads: int | None = None,
+             device: str = "cpu") -> "WayraStudent":
+        """Load and verify a student directory; every failure names the path. `device`: auto|cpu|cuda
+        (int8 quantisation runs on the CPU only)."""
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
         d = Path(directory)
@@ -395,4 +475,8 @@ class WayraStudent:
         student = cls(model, tok, float(cfg["label_mean"]), float(cfg["label_std"]), meta,
                       bos_id=cfg.get("bos_id"), pad_id=cfg.get("pad_id"))
         student.path = d
-        return student.quantize() if quantize else student.for_inference()
+        if quantize:
+            if resolve_device(device).type != "cpu":
+                raise StudentError("quantize: int8 dynamic quantisation runs on the CPU only; use device: cpu")
+            return student.quantize()
+        return student.for_inference(device)

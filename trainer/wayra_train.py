@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.trainer.wayra import (BOS, PAD, StudentError, WayraArch, WayraModel, WayraStudent, encode, load_teacher_layers,
-                                 pad_batch, pca_embeddings, teacher_tokenizer, train_tokenizer)
+from quipu.trainer.wayra import (BOS, PAD, Device, StudentError, WayraArch, WayraModel, WayraStudent, encode,
+                                 load_teacher_layers, pad_batch, pca_embeddings, resolve_device, teacher_tokenizer,
+                                 train_tokenizer)
 
 
 class DistillSettings(BaseModel):
@@ -40,6 +41,7 @@ class DistillSettings(BaseModel):
     doc_weight: float = Field(1.0, ge=0, description="student.head: token — weight of the document-mean loss next to the per-token loss")
     body_lr: float | None = Field(None, gt=0, le=1, description="student.body: teacher — peak learning rate of the "
                                                                 "teacher's layers (None: lr, which the head gets)")
+    device: Device = Field("auto", description="auto: CUDA when a GPU is visible (bf16 autocast), else the CPU")
 
 
 # ---- metrics ----------------------------------------------------------------------------------
@@ -129,11 +131,16 @@ class DistillData:
 
 
 def prepare_data(pairs: list[tuple], arch: WayraArch, settings: DistillSettings, unlabelled: Sequence[str],
-                 teacher_model, rng: random.Random) -> DistillData:
+                 teacher_model, rng: random.Random, assisted: Sequence[tuple] = ()) -> DistillData:
+    """`assisted`: (text, log-ppl, per-token NLLs) an assistant student predicted; training only, never
+    validation (validation compares with the teacher itself)."""
     order = list(range(len(pairs)))
     rng.shuffle(order)
     n_val = max(3, int(len(pairs) * settings.val_fraction))
     val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
+    if assisted:
+        train_idx += list(range(len(pairs), len(pairs) + len(assisted)))
+        pairs = list(pairs) + list(assisted)
     init = None
     if arch.tokenizer == "teacher":
         if teacher_model is None:
@@ -215,8 +222,9 @@ def lm_epoch(model: WayraModel, opt, sched, d: DistillData, settings: DistillSet
     """One next-token-only pass over all text; returns the mean LM loss."""
     model.train()
     tot = cnt = 0.0
+    device = next(model.parameters()).device
     for b in _batches(d.lm_items, settings.batch_size, rng, [len(s) for s in d.lm_seqs]):
-        ids, mask = pad_batch([d.lm_seqs[i] for i in b], d.pad_id)
+        ids, mask = pad_batch([d.lm_seqs[i] for i in b], d.pad_id, device)
         with model.precision():
             _, lm_sum, lm_n, _ = model(ids, mask, lm=True)
         _step(model, opt, sched, lm_sum / lm_n.clamp(min=1))
@@ -230,13 +238,15 @@ def regression_epoch(model: WayraModel, opt, sched, d: DistillData, settings: Di
     returns (mean standardised regression loss, mean LM loss)."""
     model.train()
     reg_tot = lm_tot = lm_cnt = 0.0
+    device = next(model.parameters()).device
     for b in _batches(d.train_idx, settings.batch_size, rng, [len(s) for s in d.seqs]):
-        ids, mask = pad_batch([d.seqs[i] for i in b], d.pad_id)
+        ids, mask = pad_batch([d.seqs[i] for i in b], d.pad_id, device)
         with model.precision():
             pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
-        reg = F.mse_loss(pred, d.target[b])
+        reg = F.mse_loss(pred, d.target[b].to(device))
         if per_token is not None:
             tz, tmask = pad_token_targets([d.token_z[i] for i in b], ids.shape[1])
+            tz, tmask = tz.to(device), tmask.to(device)
             token_mse = ((per_token - tz) ** 2 * tmask).sum() / tmask.sum().clamp(min=1)
             reg = token_mse + settings.doc_weight * reg / d.doc_var
         _step(model, opt, sched, reg + settings.lm_weight * (lm_sum / lm_n.clamp(min=1)))
@@ -246,24 +256,30 @@ def regression_epoch(model: WayraModel, opt, sched, d: DistillData, settings: Di
 
 def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, settings: DistillSettings,
             unlabelled: Sequence[str] = (), log: Callable[[str], None] = print,
-            teacher_model=None, token_labels: Sequence[Sequence[float]] | None = None) -> tuple[WayraStudent, dict]:
+            teacher_model=None, token_labels: Sequence[Sequence[float]] | None = None,
+            assisted: Sequence[tuple[str, Sequence[float]]] = ()) -> tuple[WayraStudent, dict]:
     """Train a student on (text, teacher log-ppl); returns the best-on-validation student and metrics.
 
     `teacher_model` (a loaded trainer.teacher.Teacher) is needed with `arch.tokenizer == "teacher"`;
-    `token_labels` (each text's per-token teacher NLLs) with `arch.head == "token"`."""
+    `token_labels` (each text's per-token teacher NLLs) with `arch.head == "token"`; `assisted`:
+    (text, per-token NLLs predicted by an assistant student) for more training text (`head: token`)."""
     arch, token_labels = checked_arch(arch, settings, teacher_model, token_labels, len(texts))
     pairs = [(t, float(y), tl) for t, y, tl in zip(texts, labels, token_labels)
              if y is not None and not math.isnan(float(y))]
     if len(pairs) < 10:
         raise StudentError(f"distillation needs at least 10 labelled documents, got {len(pairs)}")
+    if assisted and arch.head != "token":
+        raise StudentError("an assistant's per-token predictions need student.head: token")
+    extra = [(t, sum(n) / len(n), n) for t, n in assisted if len(n)]
+    device = resolve_device(settings.device)
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     t0 = time.perf_counter()
-    d = prepare_data(pairs, arch, settings, unlabelled, teacher_model, rng)
+    d = prepare_data(pairs, arch, settings, unlabelled, teacher_model, rng, extra)
     student, groups = build_student(d, settings, teacher_model)
-    model = student.model
+    model = student.model.to(device)
     opt = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
     pretrain_epochs = settings.pretrain_epochs if settings.lm_weight > 0 else 0
     total = (pretrain_epochs * math.ceil(len(d.lm_items) / settings.batch_size)
@@ -271,7 +287,8 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=0.1)
     trainable = sum(p.numel() for g in groups for p in g["params"])
     log(f"student: {student.n_params() / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained), vocab {d.arch.vocab_size}, "
-        f"{len(d.train_idx)} train / {len(d.val_idx)} validation documents, {len(d.lm_items)} LM documents")
+        f"{len(d.train_idx)} train ({len(extra)} of them labelled by an assistant) / {len(d.val_idx)} validation "
+        f"documents, {len(d.lm_items)} LM documents, on {device}")
 
     for ep in range(pretrain_epochs):
         log(f"pretrain epoch {ep + 1}: LM loss {lm_epoch(model, opt, sched, d, settings, rng):.3f}")
@@ -288,7 +305,7 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
             f"validation Spearman {rho:.4f}, RMSE {rmse:.3f} nats")
         if rho > best["spearman"]:
             best = {"spearman": rho, "epoch": ep + 1, "rmse": rmse,
-                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+                    "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
         elif ep + 1 - best["epoch"] >= settings.patience:
             log(f"early stop: no better validation Spearman for {settings.patience} epochs")
             break
@@ -296,11 +313,12 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
             log(f"time budget of {settings.max_seconds:.0f}s reached after epoch {ep + 1}")
             break
     model.load_state_dict(best["state"])
-    student.for_inference()             # as it will be loaded: the metrics below are the saved student's
+    student.for_inference(device)       # as it will be loaded: the metrics below are the saved student's
     val_pred = student.predict_log_ppl(d.val_texts)
     metrics = {"val_spearman": round(spearman(val_pred, d.val_y), 4), "val_pearson": round(pearson(val_pred, d.val_y), 4),
                "val_rmse": round(best["rmse"], 4), "best_epoch": best["epoch"], "epochs_run": len(history),
-               "train_docs": len(d.train_idx), "val_docs": len(d.val_idx), "lm_docs": len(d.lm_items),
+               "train_docs": len(d.train_idx), "assisted_docs": len(extra), "val_docs": len(d.val_idx),
+               "lm_docs": len(d.lm_items), "device": device.type,
                "params": student.n_params(), "trained_params": trainable, "seconds": round(time.perf_counter() - t0, 1),
                "history": history}
     return student, metrics
