@@ -8,10 +8,10 @@ r"""Dedup throughput and memory, on real documents from ../shared/data/text.
      shingles joined and encoded, datasketch's default sha1_hash32);
    - datatrove 0.10.1: `MinhashDedupSignature.get_shingles` + `get_signature` per document.
 2. LSH: datasketch `MinHashLSH` (the stage's default 18 bands x 7 rows) insert + query docs/s with
-   LeanMinHash built from our signatures, and the plan step of the stage end to end.
-3. Peak memory (max RSS) of the whole stage (signatures, plan, split, commit, one process) at
-   20k, 50k, 100k generated documents (real documents sampled and perturbed, 10% near copies),
-   extrapolated linearly to a million.
+   LeanMinHash built from our signatures (the reference the stage's band join replaces).
+3. Peak memory (max RSS) of the whole stage (signatures, partitioned plan, split, commit, one
+   process) at 20k, 50k, 100k generated documents (real documents sampled and perturbed, 10% near
+   copies), fitted linearly (bench/million_docs.py measures it at a million).
 
     .venv/bin/python bench/dedup_throughput.py [--docs 2000] [--sizes 20000,50000,100000] [--append bench/RESULTS.md]
 """
@@ -94,17 +94,18 @@ def bench_lsh(texts: list[str]) -> dict:
     import numpy as np
     import pyarrow as pa
 
+    from datasketch import LeanMinHash, MinHashLSH
+
     from quipu.tasks.dedup import DedupConfig
     from quipu.tasks.minhash import MinHasher
-    from quipu.tasks.dedup_index import lean, new_lsh
 
     cfg = DedupConfig()
     hasher = MinHasher(cfg.ngram, cfg.num_perm, cfg.seed)
     sigs = np.concatenate([hasher.signatures(*hasher.shingle_hashes(pa.array(texts[i:i + 2000])))
                            for i in range(0, len(texts), 2000)])
-    lsh = new_lsh(cfg.index_params())
+    lsh = MinHashLSH(num_perm=cfg.num_perm, params=cfg.lsh_params())
     t0 = time.perf_counter()
-    minhashes = [lean(s, cfg.seed) for s in sigs]
+    minhashes = [LeanMinHash(seed=cfg.seed, hashvalues=s, scheme="affine32") for s in sigs]
     t_lean = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i, m in enumerate(minhashes):
@@ -180,9 +181,10 @@ def memory_child(folder: str, n: int) -> None:
         rep = report["stats"]["dedup"]
         print(json.dumps({"docs": n, "peak_rss": peak_rss(),
                           "rss_before": rss_before, "seconds": seconds, "docs_per_s": n / seconds,
-                          "signature_seconds": rep["signature_seconds"], "plan_seconds": rep["plan_seconds"],
+                          "signature_seconds": rep["signature_seconds"],
+                          "plan_seconds": rep["partition_seconds"] + rep["combine_seconds"],
                           "near_dup": rep["near_dup"], "exact_dup": rep["exact_dup"],
-                          "index_disk_bytes": rep["index"]["disk_bytes"], "index_memory_bytes": rep["index"]["memory_bytes"]}))
+                          "index_disk_bytes": rep["index"]["disk_bytes"], "index_memory_bytes": rep["largest_partition_bytes"]}))
 
 
 def bench_memory(texts: list[str], sizes: list[int]) -> dict:
@@ -203,7 +205,7 @@ def bench_memory(texts: list[str], sizes: list[int]) -> dict:
     mslope, _ = np.polyfit(x, np.array([r["index_memory_bytes"] for r in rows], float), 1)
     return {"runs": rows, "rss_bytes_per_doc": slope, "rss_fixed_bytes": icpt,
             "peak_rss_per_million_gib": (slope * 1e6 + icpt) / 2**30,
-            "index_disk_per_million_gib": dslope * 1e6 / 2**30, "lsh_memory_per_million_gib": mslope * 1e6 / 2**30}
+            "index_disk_per_million_gib": dslope * 1e6 / 2**30, "partition_memory_per_million_gib": mslope * 1e6 / 2**30}
 
 
 def format_md(args, sig: dict, lsh: dict, mem: dict | None, cmd: str) -> str:
@@ -223,16 +225,18 @@ def format_md(args, sig: dict, lsh: dict, mem: dict | None, cmd: str) -> str:
              f"insert+query {lsh['insert_plus_query_per_s']:,.0f} docs/s; LeanMinHash construction "
              f"{lsh['lean_per_s']:,.0f}/s; {lsh['mean_candidates']:.2f} candidates per query (itself included).", ""]
     if mem:
-        lines += ["| generated docs | whole stage s | docs/s | signatures s | plan s | near dups | peak RSS MiB | index on disk MiB | LSH in memory MiB |",
+        lines += ["| generated docs | whole stage s | docs/s | signatures s | plan s (partitions summed + combine) | near dups | peak RSS MiB | index on disk MiB | largest plan partition MiB |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in mem["runs"]:
             lines.append(f"| {r['docs']:,} | {r['seconds']:.1f} | {r['docs_per_s']:,.0f} | {r['signature_seconds']:.1f} | "
                          f"{r['plan_seconds']:.1f} | {r['near_dup']:,} | {r['peak_rss'] / 2**20:,.0f} | "
                          f"{r['index_disk_bytes'] / 2**20:,.1f} | {r['index_memory_bytes'] / 2**20:,.1f} |")
+        growth = (f"→ **{mem['peak_rss_per_million_gib']:.1f} GiB peak per million documents** (extrapolated)"
+                  if mem["rss_bytes_per_doc"] > 0 else "→ **no growth with the number of documents** in this range")
         lines += ["", f"Linear fit of peak RSS: {mem['rss_bytes_per_doc']:,.0f} bytes/doc + {mem['rss_fixed_bytes'] / 2**20:,.0f} MiB "
-                  f"→ **{mem['peak_rss_per_million_gib']:.1f} GiB peak per million documents** (extrapolated); "
-                  f"index {mem['index_disk_per_million_gib']:.2f} GiB on disk and LSH {mem['lsh_memory_per_million_gib']:.2f} GiB "
-                  "in memory per million kept documents.", ""]
+                  f"{growth}; "
+                  f"index {mem['index_disk_per_million_gib']:.2f} GiB on disk per million kept documents; the largest plan "
+                  f"partition grows {mem['partition_memory_per_million_gib']:.2f} GiB per million until `partition_rows` caps it.", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -117,6 +117,16 @@ def plan_task(ref: StageRef, scans: list[driver.Scan] | None):
     return driver.plan_stage(ref, scans)
 
 
+@task(name="stage-plan-part", task_run_name="{ref.name}-plan-{partition[p]}", retries=1, retry_delay_seconds=1)
+def plan_part_task(ref: StageRef, scans: list[driver.Scan] | None, partition):
+    return driver.plan_part(ref, scans, partition)
+
+
+@task(name="stage-combine", task_run_name="{ref.name}-combine", retries=0)
+def combine_task(ref: StageRef, scans: list[driver.Scan] | None, partials: list):
+    return driver.combine_stage(ref, scans, partials)
+
+
 @task(name="stage-process", task_run_name="{segment.name}-{shard.name}", retries=1, retry_delay_seconds=1)
 def process_task(segment: driver.Segment, shard: Shard, plans: list) -> list[ShardResult]:
     return driver.process_one(segment, shard, plans)
@@ -139,7 +149,11 @@ class PrefectPhases:
         return collect(scan_task.map(ref=unmapped(ref), shard=shards))
 
     def plan(self, ref: StageRef, scans):
-        return plan_task(ref, scans)
+        parts = driver.plan_partitions(ref, scans)   # cheap: what to split the plan into
+        if parts is None:
+            return plan_task(ref, scans)
+        partials = collect(plan_part_task.map(ref=unmapped(ref), scans=unmapped(scans), partition=parts))
+        return combine_task(ref, scans, partials)
 
     def process(self, segment: driver.Segment, shards: list[Shard], plans: list,
                 progress: driver.Progress = driver.NO_PROGRESS) -> list[list[ShardResult]]:

@@ -1,20 +1,28 @@
-"""Stage `dedup`: exact and near-duplicate removal with MinHash-LSH (datasketch), incremental
-across runs.
+"""Stage `dedup`: exact and near-duplicate removal with MinHash LSH, out of core and in parallel,
+incremental across runs.
 
-A global stage of the stage contract (quipu.tasks.stage), in four phases:
-1. scan = signatures, per shard in parallel (quipu.tasks.minhash: words → word n-gram shingles →
-   32-bit shingle hashes → MinHash signatures, plus an exact hash of the normalised text).
-   Written as signature files per shard.
-2. plan, one sequential task in a deterministic order: exact match against kept documents, else
-   datasketch `MinHashLSH` candidates (from the persistent index of earlier runs and from this run),
-   each verified by its Jaccard similarity (exact on shingle sets, or estimated from signatures),
-   so the LSH can be tuned for recall (a lower band threshold) without losing precision.
-   Policy `first_seen` processes documents in shard/row order; `quality` in descending
-   `quality_score`, so the best document of a cluster is the one kept.
-3. process = split, per shard: kept and removed shards (`reason` exact_dup / near_dup, `dup_of` = the kept
-   twin's id, `cluster_id` = the kept twin's index key, `dup_jaccard`).
-4. commit: this run's kept documents join the index in one atomic step, after all outputs exist.
-Every step leaves a done-marker; a rerun skips finished work and ends with the same bytes.
+A global stage of the stage contract (quipu.tasks.stage) with a partitioned plan:
+1. scan = signatures, per shard in parallel (quipu.tasks.minhash: words -> word n-gram shingles ->
+   32-bit shingle hashes -> MinHash signatures bit-identical to datasketch's, plus an exact hash of
+   the normalised text). Besides the signature files, each shard writes its LSH band rows
+   (band hash, exact-hash prefix, row) and its exact-hash rows, each sorted by hash.
+2. plan, per hash range (partition) in parallel: the band rows of every shard and of the
+   persistent index in that range, sorted; documents sharing a band hash are candidates (exact
+   copies collapse to one per bucket, a bucket pairs each document with at most `bucket_cap`
+   earlier ones); each candidate pair is verified once (in the partition of the first band the
+   two share) by its exact Jaccard on shingle sets (or estimated from signatures); equal exact
+   hashes form exact groups. Then one cheap combine over the verified pairs only: connected
+   groups, and in each the same policy as a sequential pass (`first_seen` in shard/row order,
+   `quality` by descending `quality_score`; documents kept by earlier runs always stay): a document
+   is an exact duplicate of a kept copy, else a near duplicate of its most similar kept candidate
+   (Jaccard >= threshold), else kept.
+3. process = split, per shard: kept (with `dup_count`, the size of its cluster) and removed
+   (`reason` exact_dup / near_dup, `dup_of` = the kept twin's id, `cluster_id` = its index key,
+   `dup_jaccard`).
+4. commit: this run's kept documents join the index as one generation (segments and band rows
+   sorted per hash range), in one atomic step, after all outputs exist.
+Memory: one shard (scan), one partition of band rows (plan), the verified pairs (combine). Every
+step leaves a done-marker; a rerun skips finished work and ends with the same bytes.
 """
 from __future__ import annotations
 
@@ -35,8 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quipu.catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
 from quipu.tasks.minhash import SHINGLE_HASH, MinHasher, exact_digests, tokenize
-from quipu.tasks.dedup_index import (SCHEME, DedupIndex, FileIndex, LocalIndex, RedisIndex, SegmentPart, save_npy,
-                               key_order, lean)
+from quipu.tasks.dedup_index import (BAND_COLUMNS, EXACT_COLUMNS, GEN_SHIFT, LAYOUT, LOCAL_FLAG, SCHEME, BandPart, DedupIndex, FileStore, RedisStore,
+                                     SegmentPart, check_params, make_key, ref_key)
+from quipu.tasks.minhash import BAND_HASH, band_keys
+from quipu.tasks.partitions import NpyRows, SortedRun, bounds, n_partitions, partition_of, save_npy
+from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Shard, Stage, StageConfig, module_version, snippet
 
 STAGE = "dedup"
@@ -73,6 +84,9 @@ class DedupConfig(StageConfig):
     backend: Literal["file", "redis", "none"] = Field("file", description="where the index persists: file, redis, none (this run only)")
     index_dir: str | None = Field(None, description="folder of the file index (default: $QUIPU_HOME/dedup/<index>)")
     redis: RedisConfig = RedisConfig()
+    partition_rows: int = Field(1_000_000, ge=1000, description="band rows (24 bytes each, this run's and the index's) one plan partition holds: bounds the plan's memory (~100 MB per partition task at the default)")
+    partitions: int | None = Field(None, ge=1, le=4096, description="plan partitions (parallel tasks); default: band rows / partition_rows, at least 2")
+    bucket_cap: int = Field(100, ge=1, description="a document is compared with at most this many earlier distinct documents of one band bucket (huge buckets are templates; each is counted in the report)")
 
     @field_validator("index")
     @classmethod
@@ -117,7 +131,8 @@ class DedupConfig(StageConfig):
         """What must match between a stored index and this config."""
         b, r = self.lsh_params()
         return {"ngram": self.ngram, "num_perm": self.num_perm, "bands": b, "rows": r, "seed": self.seed,
-                "verify": self.verify, "scheme": SCHEME, "shingle_hash": SHINGLE_HASH}
+                "verify": self.verify, "scheme": SCHEME, "shingle_hash": SHINGLE_HASH, "band_hash": BAND_HASH,
+                "layout": LAYOUT}
 
 
 @lru_cache(maxsize=64)
@@ -130,7 +145,8 @@ def _optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
 # ---- step 1: signatures -----------------------------------------------------------------------
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], sys.modules["quipu.tasks.dedup_index"], sys.modules["quipu.tasks.minhash"])
+    return module_version(sys.modules[__name__], sys.modules["quipu.tasks.dedup_index"],
+                          sys.modules["quipu.tasks.minhash"], sys.modules["quipu.tasks.partitions"])
 
 
 def _dirs(ctx: RunContext) -> dict[str, Path]:
@@ -148,13 +164,34 @@ def _files_intact(files: dict[str, dict]) -> bool:
     return all(Path(f["path"]).exists() and sha256_file(f["path"]) == f["sha256"] for f in files.values())
 
 
+def _run_files(run: SortedRun) -> dict[str, dict]:
+    return {f"{Path(run.prefix).name}.{c}": {"path": run.path(c), "sha256": sha256_file(run.path(c))} for c in run.columns}
+
+
+def digest_words(digests: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The 128-bit exact hashes as two uint64 (high word first: the sort and partition key)."""
+    raw = np.frombuffer(b"".join(digests), dtype=">u8").reshape(-1, 2) if digests else np.zeros((0, 2), ">u8")
+    return raw[:, 0].astype(np.uint64), raw[:, 1].astype(np.uint64)
+
+
+def band_rows(sigs: np.ndarray, has_shingles: np.ndarray, digest_hi: np.ndarray, refs: np.ndarray,
+              cfg: DedupConfig) -> dict[str, np.ndarray]:
+    """One row per band of every document with shingles: (band hash, exact-hash prefix, ref)."""
+    bands, rows = cfg.lsh_params()
+    sel = np.nonzero(has_shingles)[0]
+    keys = band_keys(np.asarray(sigs[sel]), bands, rows) if len(sel) else np.zeros((0, bands), np.uint64)
+    return {"key": keys.reshape(-1), "digest": np.repeat(digest_hi[sel], bands),
+            "ref": np.repeat(refs[sel].astype(np.uint64), bands)}
+
+
 def compute_signatures(shard: Shard, ctx: RunContext, cfg: DedupConfig) -> dict:
     """Signature files of one shard: meta.parquet (id, exact digest, shingle count, quality),
-    sig.npy (docs x num_perm), shingles.npy + offsets in meta (with exact verification)."""
+    sig.npy (docs x num_perm), shingles.npy + offsets in meta (with exact verification), and the
+    shard's band rows and exact-hash rows, each sorted by hash (what the plan partitions read)."""
     d = _dirs(ctx)["sig"]
     marker = d / f"{shard.name}.json"
     fp = sha256_json({"input": shard.sha256, "code": code_version(), "quality": cfg.quality_column,
-                      "params": {k: v for k, v in cfg.index_params().items() if k not in ("bands", "rows")}})
+                      "params": cfg.index_params()})
     if marker.exists():
         done = read_json(marker)
         if done.get("fingerprint") == fp and _files_intact(done["files"]):
@@ -185,35 +222,125 @@ def compute_signatures(shard: Shard, ctx: RunContext, cfg: DedupConfig) -> dict:
     paths = {"meta": d / f"{shard.name}.meta.parquet", "sig": d / f"{shard.name}.sig.npy"}
     with atomic_path(paths["meta"]) as tmp:
         pq.write_table(meta, tmp, compression="zstd")
-    save_npy(paths["sig"], np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), np.uint32))
+    sig = np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), np.uint32)
+    save_npy(paths["sig"], sig)
     if cfg.verify == "exact":
         paths["shingles"] = d / f"{shard.name}.shingles.npy"
         save_npy(paths["shingles"], np.concatenate(shingles) if shingles else np.zeros(0, np.uint32))
+    hi, lo = digest_words(digests)
+    rows = np.arange(len(ids), dtype=np.uint64)
+    bands = SortedRun.write(d / f"{shard.name}.bands", band_rows(sig, n_shingles > 0, hi, rows, cfg))
+    exact = SortedRun.write(d / f"{shard.name}.exact", {"hi": hi, "lo": lo, "ref": rows})
+    files = {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in paths.items()}
+    files.update(_run_files(bands))
+    files.update(_run_files(exact))
     result = {"shard": shard.model_dump(), "fingerprint": fp, "rows": len(ids), "has_quality": has_quality,
-              "files": {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in paths.items()},
+              "files": files, "bands": bands.model_dump(), "exact": exact.model_dump(),
               "seconds": round(time.perf_counter() - t0, 3)}
     write_json_atomic(marker, result)
     _crash("signatures")
     return result
 
 
-class SignatureFile:
-    """One shard's signature files, memory-mapped."""
+class LocalDocs:
+    """This run's documents by ref (LOCAL_FLAG | position in shard order): signatures, shingles,
+    ids, read from the memory-mapped signature files of each shard, opened when first needed."""
 
-    def __init__(self, done: dict):
-        self.done = done
-        self.name = done["shard"]["name"]
-        meta = pq.read_table(done["files"]["meta"]["path"])
-        self.ids: list[str] = meta.column("id").to_pylist()
-        self.exact: list[bytes] = meta.column("exact").to_pylist()
-        self.n_shingles = meta.column("n_shingles").to_numpy()
-        self.offsets = np.append(meta.column("offset").to_numpy(), int(self.n_shingles.sum()) if len(self.ids) else 0)
-        self.quality = meta.column("quality").to_numpy(zero_copy_only=False)
-        self.sigs = np.load(done["files"]["sig"]["path"], mmap_mode="r")
-        self.flat = np.load(done["files"]["shingles"]["path"], mmap_mode="r") if "shingles" in done["files"] else None
+    def __init__(self, sig_results: list[dict]):
+        self.results = sig_results
+        self.bases = np.concatenate([[0], np.cumsum([s["rows"] for s in sig_results])]).astype(np.int64)
+        self._open: dict[int, dict] = {}
 
-    def shingles(self, row: int) -> np.ndarray:
-        return np.asarray(self.flat[self.offsets[row]:self.offsets[row + 1]])
+    def __len__(self) -> int:
+        return int(self.bases[-1])
+
+    def locate(self, ref: int) -> tuple[int, int]:
+        n = int(ref) - LOCAL
+        f = int(np.searchsorted(self.bases, n, side="right")) - 1
+        return f, n - int(self.bases[f])
+
+    def _file(self, f: int) -> dict:
+        o = self._open.get(f)
+        if o is None:
+            files = self.results[f]["files"]
+            meta = pq.read_table(files["meta"]["path"], columns=["n_shingles", "offset"])
+            n = meta.column("n_shingles").to_numpy()
+            o = self._open[f] = {
+                "sig": NpyRows(files["sig"]["path"]),
+                "flat": NpyRows(files["shingles"]["path"]) if "shingles" in files else None,
+                "offsets": np.append(meta.column("offset").to_numpy(), int(n.sum()) if len(n) else 0)}
+        return o
+
+    def signature(self, ref: int) -> np.ndarray:
+        f, r = self.locate(ref)
+        return self._file(f)["sig"].rows(r, r + 1)[0]
+
+    def signatures(self, refs: np.ndarray) -> np.ndarray:
+        """(len(refs), num_perm): the signatures of many documents, read shard by shard."""
+        n = (refs & ~LOCAL_FLAG).astype(np.int64)
+        f = np.searchsorted(self.bases, n, side="right") - 1
+        out = None
+        for k in np.unique(f):
+            sel = np.nonzero(f == k)[0]
+            sig = self._file(int(k))["sig"]
+            if out is None:
+                out = np.empty((len(refs), *sig.row_shape), np.uint32)
+            out[sel] = sig.take(n[sel] - self.bases[k])
+        return out if out is not None else np.zeros((0, 0), np.uint32)
+
+    def shingles(self, ref: int) -> np.ndarray:
+        f, r = self.locate(ref)
+        o = self._file(f)
+        return o["flat"].rows(o["offsets"][r], o["offsets"][r + 1])
+
+    def close(self) -> None:
+        for o in self._open.values():
+            o["sig"].close()
+            if o["flat"] is not None:
+                o["flat"].close()
+        self._open.clear()
+
+    def column(self, f: int, name: str) -> np.ndarray | list:
+        col = pq.read_table(self.results[f]["files"]["meta"]["path"], columns=[name]).column(name)
+        return col.to_pylist() if name in ("id", "exact") else col.to_numpy(zero_copy_only=False)
+
+
+class Docs:
+    """Every document a plan can name, by ref: this run's (LocalDocs) and the index's."""
+
+    def __init__(self, local: LocalDocs, index: DedupIndex | None, cfg: DedupConfig):
+        self.local, self.index, self.cfg = local, index, cfg
+        self._sets: dict[int, np.ndarray] = {}
+
+    def signature(self, ref: int) -> np.ndarray:
+        return self.local.signature(ref) if ref >= LOCAL else self.index.signature(ref)
+
+    def signatures(self, refs: np.ndarray) -> np.ndarray:
+        local = refs >= LOCAL_FLAG
+        if local.all():
+            return self.local.signatures(refs)
+        out = np.stack([self.signature(int(r)) for r in refs[~local]]) if (~local).any() else None
+        full = np.empty((len(refs), out.shape[1]), np.uint32)
+        full[~local] = out
+        if local.any():
+            full[local] = self.local.signatures(refs[local])
+        return full
+
+    def shingle_set(self, ref: int) -> np.ndarray:
+        s = self._sets.get(ref)
+        if s is None:
+            raw = self.local.shingles(ref) if ref >= LOCAL else self.index.shingles(ref)
+            if len(self._sets) > 50_000:
+                self._sets.clear()
+            s = self._sets[ref] = np.unique(raw)
+        return s
+
+    def jaccard(self, a: int, b: int) -> float:
+        if self.cfg.verify == "exact":
+            x, y = self.shingle_set(a), self.shingle_set(b)
+            inter = len(np.intersect1d(x, y, assume_unique=True))
+            return inter / (len(x) + len(y) - inter)
+        return float(np.mean(self.signature(a) == self.signature(b)))
 
 
 # ---- the index ----------------------------------------------------------------------------------
@@ -234,159 +361,214 @@ def index_name(cfg: DedupConfig, ctx: RunContext | None) -> str:
     return f"{folder}-{sha256_json({'path': str(p), 'params': cfg.index_params()})[:8]}"
 
 
-def check_dedup(cfg: DedupConfig, ctx: RunContext | None = None) -> None:
-    """Before any document is read: Redis reachable, a named index built with these parameters."""
-    if not cfg.enabled or cfg.backend == "none":
-        return
-    if cfg.backend == "redis":
-        import redis
-        conn = redis.Redis(host=cfg.redis.host, port=cfg.redis.port, db=cfg.redis.db,
-                           password=os.environ.get(cfg.redis.password_env) if cfg.redis.password_env else None)
-        try:
-            conn.ping()
-        except redis.RedisError as e:
-            raise ValueError(f"dedup.redis: cannot reach Redis at {cfg.redis.host}:{cfg.redis.port} ({e})") from None
-        name = index_name(cfg, ctx)
-        if name:
-            raw = conn.get(f"{cfg.redis.prefix}:{name}:manifest")
-            if raw:
-                import json
-                from quipu.tasks.dedup_index import check_params
-                check_params(json.loads(raw)["params"], cfg.index_params(), f"redis {cfg.redis.prefix}:{name}")
-        return
-    if index_name(cfg, ctx) or cfg.index_dir:
-        folder = index_location(cfg, ctx)
-        if (folder / "manifest.json").exists():
-            from quipu.tasks.dedup_index import check_params
-            check_params(read_json(folder / "manifest.json")["params"], cfg.index_params(), str(folder))
-
-
 def index_location(cfg: DedupConfig, ctx: RunContext | None) -> Path:
     from quipu.catalog.db import quipu_home
     return Path(cfg.index_dir) if cfg.index_dir else quipu_home() / "dedup" / index_name(cfg, ctx)
 
 
-def open_index(cfg: DedupConfig, ctx: RunContext) -> DedupIndex | None:
-    rd = ctx.run_dir
-    if cfg.backend == "none":
+
+def open_store(cfg: DedupConfig, ctx: RunContext | None) -> FileStore | RedisStore | None:
+    if not cfg.enabled or cfg.backend == "none":
         return None
     if cfg.backend == "redis":
-        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, ctx), cfg.index_params(), rd)
-    return FileIndex(index_location(cfg, ctx), cfg.index_params(), rd)
+        try:
+            return RedisStore(cfg.redis.model_dump(), index_name(cfg, ctx))
+        except ConnectionError as e:
+            raise ValueError(str(e)) from None
+    return FileStore(index_location(cfg, ctx))
 
 
-# ---- step 2: plan -----------------------------------------------------------------------------
+def check_dedup(cfg: DedupConfig, ctx: RunContext | None = None) -> None:
+    """Before any document is read: Redis reachable, a stored index built with these parameters."""
+    if not cfg.enabled or cfg.backend == "none":
+        return
+    if cfg.backend == "file" and not (index_name(cfg, ctx) or cfg.index_dir):
+        return
+    store = open_store(cfg, ctx)
+    stored = store.raw_params()
+    if stored is not None:
+        check_params(stored, cfg.index_params(), store.location)
+
+
+def open_index(cfg: DedupConfig, ctx: RunContext) -> DedupIndex | None:
+    store = open_store(cfg, ctx)
+    return DedupIndex(store, cfg.index_params(), ctx.run_dir) if store is not None else None
+
+
+# ---- step 2: plan, per partition in parallel, then a combine ----------------------------------
 
 KEPT, EXACT, NEAR = "kept", "exact_dup", "near_dup"
-LOCAL_GEN = 1 << 40      # sorts this run's documents after every committed generation
-
-
-class Planner:
-    """Greedy clustering in processing order: each document joins the most similar kept document
-    (Jaccard >= threshold) or is kept itself."""
-
-    def __init__(self, cfg: DedupConfig, files: list[SignatureFile], index: DedupIndex | None):
-        self.cfg, self.files, self.index = cfg, files, index
-        self.local = LocalIndex(cfg.index_params())
-        self.local_ref: list[tuple[int, int]] = []           # local key n -> (file, row)
-        self._sets: dict[str, np.ndarray] = {}
-        self.stats = Counter()
-
-    def order(self) -> list[tuple[int, int]]:
-        pairs = [(f, r) for f, sf in enumerate(self.files) for r in range(len(sf.ids))]
-        if self.cfg.policy == "quality":
-            if not any(sf.done["has_quality"] for sf in self.files):
-                self.stats["quality_column_missing"] = 1
-                return pairs
-            q = {p: self.files[p[0]].quality[p[1]] for p in pairs}
-            return sorted(pairs, key=lambda p: (0, -q[p], p) if not np.isnan(q[p]) else (1, 0.0, p))
-        return pairs
-
-    def _set_of(self, key: str) -> np.ndarray:
-        s = self._sets.get(key)
-        if s is None:
-            if key.startswith("L"):
-                f, r = self.local_ref[int(key[1:])]
-                s = np.unique(self.files[f].shingles(r))
-            else:
-                s = np.unique(self.index.shingles(key))
-            if len(self._sets) > 50_000:
-                self._sets.clear()
-            self._sets[key] = s
-        return s
-
-    def _sig_of(self, key: str) -> np.ndarray:
-        if key.startswith("L"):
-            f, r = self.local_ref[int(key[1:])]
-            return np.asarray(self.files[f].sigs[r])
-        return self.index.signature(key)
-
-    @staticmethod
-    def _rank(key: str) -> tuple[int, int]:
-        return (LOCAL_GEN, int(key[1:])) if key.startswith("L") else key_order(key)
-
-    def run(self) -> tuple[list[dict[str, list]], list[dict]]:
-        cfg = self.cfg
-        decisions = [{"status": [KEPT] * len(sf.ids), "ref": [None] * len(sf.ids), "jac": [None] * len(sf.ids)}
-                     for sf in self.files]
-        examples: list[dict] = []
-        exact_examples: list[dict] = []
-        for f, r in self.order():
-            sf = self.files[f]
-            digest = sf.exact[r]
-            if cfg.exact:
-                key = self.local.exact.get(digest) or (self.index.exact_key(digest) if self.index else None)
-                if key is not None:
-                    d = decisions[f]
-                    d["status"][r], d["ref"][r], d["jac"][r] = EXACT, key, 1.0
-                    if len(exact_examples) < 3:
-                        exact_examples.append(self._example(f, r, key, 1.0))
-                    continue
-            m = lean(np.asarray(sf.sigs[r]), cfg.seed)
-            if cfg.near and sf.n_shingles[r] > 0:
-                best = self._best_match(f, r, m)
-                if best is not None:
-                    key, jac = best
-                    d = decisions[f]
-                    d["status"][r], d["ref"][r], d["jac"][r] = NEAR, key, jac
-                    if len(examples) < 3:
-                        examples.append(self._example(f, r, key, jac))
-                    continue
-            key = f"L{len(self.local_ref)}"
-            self.local_ref.append((f, r))
-            self.local.insert(key, m, digest, in_lsh=bool(sf.n_shingles[r] > 0))
-            decisions[f]["ref"][r] = key
-        return decisions, examples + exact_examples[:3 - len(examples)]   # near pairs first
-
-    def _example(self, f: int, r: int, key: str, jac: float) -> dict:
-        est = float(np.mean(self._sig_of(key) == np.asarray(self.files[f].sigs[r])))
-        return {"file": f, "row": r, "key": key, "jaccard": round(jac, 4), "estimated_jaccard": round(est, 4)}
-
-    def _best_match(self, f: int, r: int, m) -> tuple[str, float] | None:
-        cands = self.local.query(m) + (self.index.query(m) if self.index and self.index.visible_gens else [])
-        if not cands:
-            return None
-        self.stats["candidates"] += len(cands)
-        best = None
-        mine = np.unique(self.files[f].shingles(r)) if self.cfg.verify == "exact" else np.asarray(self.files[f].sigs[r])
-        for key in sorted(cands, key=self._rank):   # ties go to the earliest kept document
-            if self.cfg.verify == "exact":
-                other = self._set_of(key)
-                inter = len(np.intersect1d(mine, other, assume_unique=True))
-                jac = inter / (len(mine) + len(other) - inter)
-            else:
-                jac = float(np.mean(self._sig_of(key) == mine))
-            if jac >= self.cfg.threshold and (best is None or jac > best[1]):
-                best = (key, jac)
-        if best is None:
-            self.stats["rejected_candidates_docs"] += 1
-        return best
+LOCAL = int(LOCAL_FLAG)      # refs of this run's documents start here, after every generation's
 
 
 def plan_fingerprint(cfg: DedupConfig, sig_results: list[dict], ctx: RunContext) -> str:
     return sha256_json({"sigs": [s["fingerprint"] for s in sig_results], "code": code_version(),
                         "config": cfg.model_dump(mode="json", exclude={"batch_rows", "redis", "index_dir"}),
                         "index": index_name(cfg, ctx)})
+
+
+def plan_partitions(sig_results: list[dict], ctx: RunContext, cfg: DedupConfig) -> list[dict]:
+    """The plan's partitions (equal ranges of the hash space), sized by the band rows of this run
+    and of the index, each a small dict a task can take."""
+    index = open_index(cfg, ctx)
+    rows = sum(s["bands"]["rows"] for s in sig_results) + (index.band_rows_total() if index else 0)
+    n = cfg.partitions or n_partitions(rows, cfg.partition_rows, minimum=2)
+    edges = bounds(n)
+    next_gen = index.manifest.next_gen if index else 1
+    plan_id = plan_fingerprint(cfg, sig_results, ctx)
+    return [{"p": p, "n": n, "lo": edges[p], "hi": edges[p + 1], "plan": plan_id, "next_gen": next_gen,
+             "index": index.generations_fingerprint() if index else []} for p in range(n)]
+
+
+def _global_refs(sig_results: list[dict], kind: str, lo: int, hi: int) -> dict[str, np.ndarray]:
+    parts = []
+    base = 0
+    for s in sig_results:
+        cols = SortedRun(**s[kind]).slice(lo, hi)
+        cols["ref"] = cols["ref"] + np.uint64(base) | LOCAL_FLAG
+        parts.append(cols)
+        base += s["rows"]
+    names = BAND_COLUMNS if kind == "bands" else EXACT_COLUMNS
+    return {c: np.concatenate([p[c] for p in parts]) if parts else np.empty(0, np.uint64) for c in names}
+
+
+def _merge(local: dict[str, np.ndarray], index: dict[str, np.ndarray], order: list[str]) -> dict[str, np.ndarray]:
+    """Rows sorted by `order`: index rows (smaller refs) first and this run's in ref order, so a
+    stable sort on the other columns leaves equal rows in ref order."""
+    cols = {c: np.concatenate([index[c], local[c]]).astype(np.uint64, copy=False) for c in order}
+    idx = np.lexsort([cols[c] for c in reversed(order[:-1])])
+    return {c: v[idx] for c, v in cols.items()}
+
+
+def bucket_pairs(rows: dict[str, np.ndarray], cap: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Candidate pairs (a < b by ref) of band rows sorted by (key, digest, ref): in each bucket
+    (equal key), documents with the same exact-hash prefix collapse to the first (its copies pair
+    with it only), and each remaining document pairs with up to `cap` earlier ones."""
+    key, digest, ref = rows["key"], rows["digest"], rows["ref"]
+    n = len(key)
+    stats = {"band_rows": n, "buckets_over_cap": 0}
+    if n < 2:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64), stats
+    new_group = np.ones(n, bool)
+    new_group[1:] = (key[1:] != key[:-1]) | (digest[1:] != digest[:-1])
+    group_first = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    copies = ~new_group
+    a_copy, b_copy = ref[group_first[copies]], ref[copies]          # a copy and its bucket's first copy
+    reps = np.nonzero(new_group)[0]
+    rk, rr = key[reps], ref[reps]
+    order = np.lexsort([rr, rk])                                    # earliest documents first in a bucket
+    rk, rr = rk[order], rr[order]
+    starts = np.ones(len(rk), bool)
+    starts[1:] = rk[1:] != rk[:-1]
+    bucket_start = np.maximum.accumulate(np.where(starts, np.arange(len(rk)), 0))
+    pos = np.arange(len(rk)) - bucket_start                         # position in its bucket
+    k = np.minimum(pos, cap)                                        # pairs with the k earliest
+    size = np.bincount(np.cumsum(starts) - 1)
+    stats["buckets_over_cap"] = int((size > cap + 1).sum())
+    total = int(k.sum())
+    if total:
+        i = np.repeat(np.arange(len(rk)), k)
+        j = bucket_start[i] + (np.arange(total) - np.repeat(np.cumsum(k) - k, k))
+        a_rep, b_rep = rr[j], rr[i]
+    else:
+        a_rep = b_rep = np.empty(0, np.uint64)
+    a = np.concatenate([a_copy, a_rep])
+    b = np.concatenate([b_copy, b_rep])
+    lo_, hi_ = np.minimum(a, b), np.maximum(a, b)
+    keep = lo_ != hi_
+    return _unique_pairs(lo_[keep], hi_[keep]) + (stats,)
+
+
+def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(a) == 0:
+        return a, b
+    order = np.lexsort([b, a])
+    a, b = a[order], b[order]
+    first = np.ones(len(a), bool)
+    first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    return a[first], b[first]
+
+
+def owned(a: np.ndarray, b: np.ndarray, docs: Docs, cfg: DedupConfig, part: dict) -> np.ndarray:
+    """Which pairs this partition verifies: those whose first shared band hash falls in it (a pair
+    sharing several bands is found in several partitions and verified once)."""
+    bands, rows = cfg.lsh_params()
+    out = np.zeros(len(a), bool)
+    for s in range(0, len(a), 20_000):
+        sa, sb = docs.signatures(a[s:s + 20_000]), docs.signatures(b[s:s + 20_000])
+        ka, kb = band_keys(sa, bands, rows), band_keys(sb, bands, rows)
+        same = ka == kb
+        first = np.argmax(same, axis=1)
+        key = ka[np.arange(len(first)), first]
+        out[s:s + len(first)] = same.any(axis=1) & (partition_of(key, part["n"]) == part["p"])
+    return out
+
+
+def plan_partition(sig_results: list[dict], part: dict, ctx: RunContext, cfg: DedupConfig) -> dict:
+    """One hash range: candidate pairs from the band buckets, verified; exact groups. Writes
+    `_plan/part-<p>.*.npy` and a marker; a rerun with the same inputs and index reuses them."""
+    d = _dirs(ctx)["plan"]
+    marker = d / f"part-{part['p']:04d}.json"
+    fp = sha256_json({"part": part, "code": code_version()})
+    if marker.exists():
+        done = read_json(marker)
+        if done.get("fingerprint") == fp and _files_intact(done["files"]):
+            return done
+    t0 = time.perf_counter()
+    index = open_index(cfg, ctx)
+    if index is not None and index.manifest.next_gen != part["next_gen"]:
+        from quipu.tasks.dedup_index import ConcurrentCommit
+        raise ConcurrentCommit(f"the dedup index at {index.location} changed while this run was planning: rerun")
+    docs = Docs(LocalDocs(sig_results), index, cfg)
+    lo, hi = part["lo"], part["hi"]
+    empty_b = {c: np.empty(0, np.uint64) for c in ("key", "digest", "ref")}
+    empty_e = {c: np.empty(0, np.uint64) for c in ("hi", "lo", "ref")}
+
+    band = _merge(_global_refs(sig_results, "bands", lo, hi), index.band_rows(lo, hi) if index else empty_b,
+                  ["key", "digest", "ref"])
+    held_bytes = 24 * len(band["key"])
+    a, b, stats = bucket_pairs(band, cfg.bucket_cap)
+    del band
+    local_pair = b >= LOCAL_FLAG                     # a pair of two index documents decides nothing
+    a, b = a[local_pair], b[local_pair]
+    stats["candidate_pairs"] = int(len(a))
+    mine = owned(a, b, docs, cfg, part) if len(a) else np.zeros(0, bool)
+    a, b = a[mine], b[mine]
+    jac = np.array([docs.jaccard(int(x), int(y)) for x, y in zip(a, b)], dtype=np.float64)
+    stats["verified_pairs"] = int(len(a))
+    stats["similar_pairs"] = int((jac >= cfg.threshold).sum())
+
+    ex = _merge(_global_refs(sig_results, "exact", lo, hi), index.exact_rows(lo, hi) if index else empty_e,
+                ["hi", "lo", "ref"])
+    held_bytes = max(held_bytes, 24 * len(ex["hi"]))
+    n = len(ex["hi"])
+    first = np.ones(n, bool)
+    if n:
+        first[1:] = (ex["hi"][1:] != ex["hi"][:-1]) | (ex["lo"][1:] != ex["lo"][:-1])
+    leader = ex["ref"][np.maximum.accumulate(np.where(first, np.arange(n), 0))] if n else ex["ref"]
+    last = np.ones(n, bool)
+    if n:
+        last[:-1] = first[1:]
+    in_group = ~(first & last)                       # members of groups of two or more
+    member, leader = ex["ref"][in_group], leader[in_group]
+    stats["exact_group_members"] = int(len(member))
+
+    out = {"a": a, "b": b, "jaccard": jac, "member": member, "leader": leader}
+    files = {}
+    for name, arr in out.items():
+        path = d / f"part-{part['p']:04d}.{name}.npy"
+        save_npy(path, arr)
+        files[name] = {"path": str(path), "sha256": sha256_file(path)}
+    docs.local.close()
+    if index is not None:
+        index.close()
+    import socket
+    result = {"p": part["p"], "lo": lo, "hi": hi, "next_gen": part["next_gen"], "fingerprint": fp,
+              "files": files, "stats": stats, "held_bytes": held_bytes,
+              "ran_in": {"host": socket.gethostname(), "pid": os.getpid()},     # which worker planned it
+              "seconds": round(time.perf_counter() - t0, 3)}
+    write_json_atomic(marker, result)
+    return result
 
 
 def _reusable_plan(marker: Path, plan_id: str, cfg: DedupConfig, ctx: RunContext) -> dict | None:
@@ -396,17 +578,108 @@ def _reusable_plan(marker: Path, plan_id: str, cfg: DedupConfig, ctx: RunContext
     done = read_json(marker)
     if done.get("plan") != plan_id or not _files_intact(done["decisions"]):
         return None
-    if cfg.backend == "none":
+    index = open_index(cfg, ctx)
+    if index is None:
         return done
-    manifest = _open_for_commit(cfg, ctx).manifest     # reads the manifest only
-    committed = manifest.committed_plan(plan_id)
-    if (committed and committed.gen == done["gen"]) or manifest.next_gen == done["expected_next_gen"]:
+    committed = index.manifest.committed_plan(plan_id)
+    if (committed and committed.gen == done["gen"]) or index.manifest.next_gen == done["expected_next_gen"]:
         return done
     return None
 
 
-def plan(sig_results: list[dict], ctx: RunContext, cfg: DedupConfig) -> dict:
-    """Decide every document (one sequential pass); write decisions per shard and the plan marker."""
+class Combine:
+    """The decisions from the partitions' verified pairs and exact groups: documents in policy
+    order, each an exact duplicate of a kept copy, else a near duplicate of its most similar kept
+    candidate, else kept. Only documents with a pair or a copy are visited."""
+
+    def __init__(self, cfg: DedupConfig, local: LocalDocs, partials: list[dict]):
+        self.cfg, self.local = cfg, local
+        load = lambda name: np.concatenate([np.load(p["files"][name]["path"]) for p in partials]) if partials else np.empty(0)
+        a, b, jac = load("a").astype(np.uint64), load("b").astype(np.uint64), load("jaccard").astype(np.float64)
+        member, leader = load("member").astype(np.uint64), load("leader").astype(np.uint64)
+        self.group: dict[int, int] = dict(zip(member.tolist(), leader.tolist()))
+        self.pairs_verified = len(a)
+        near = jac >= cfg.threshold
+        a, b, jac = a[near], b[near], jac[near]
+        # candidates by group: (group of one side, the other side, jaccard), both directions
+        ga = np.array([self.group.get(x, x) for x in a.tolist()], dtype=np.uint64)
+        gb = np.array([self.group.get(x, x) for x in b.tolist()], dtype=np.uint64)
+        src, dst, j = np.concatenate([ga, gb]), np.concatenate([b, a]), np.concatenate([jac, jac])
+        other_group = np.concatenate([gb, ga])
+        keep = src != other_group                       # copies of one text are one group, not a pair
+        src, dst, j = src[keep], dst[keep], j[keep]
+        order = np.argsort(src, kind="stable")
+        self.src, self.dst, self.j = src[order], dst[order], j[order]
+        involved = np.unique(np.concatenate([a, b, member]))
+        self.involved = involved[involved >= LOCAL_FLAG]
+
+    def cands(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        s = np.searchsorted(self.src, np.uint64(g), side="left")
+        e = np.searchsorted(self.src, np.uint64(g), side="right")
+        return self.dst[s:e], self.j[s:e]
+
+    def order(self, stats: Counter) -> list[int]:
+        refs = self.involved.tolist()
+        if self.cfg.policy != "quality":
+            return refs
+        if not any(s["has_quality"] for s in self.local.results):
+            stats["quality_column_missing"] = 1
+            return refs
+        q = {}
+        by_file: dict[int, list[tuple[int, int]]] = {}
+        for ref in refs:
+            f, r = self.local.locate(ref)
+            by_file.setdefault(f, []).append((ref, r))
+        for f, items in by_file.items():
+            col = self.local.column(f, "quality")
+            for ref, r in items:
+                q[ref] = float(col[r])
+        return sorted(refs, key=lambda x: (0, -q[x], x) if not np.isnan(q[x]) else (1, 0.0, x))
+
+    def run(self, has_shingles) -> tuple[dict[int, tuple[str, int, float]], Counter, list[int]]:
+        """{ref: (status, kept twin's ref, jaccard)} for removed documents, stats, processing order."""
+        cfg = self.cfg
+        stats = Counter()
+        kept_of_group: dict[int, int] = {}      # group -> its first kept document
+        for m, lead in self.group.items():      # index documents are kept; the earliest one leads
+            if lead < LOCAL:
+                kept_of_group[lead] = lead
+        rank: dict[int, tuple[int, int]] = {}   # kept local ref -> (1, order it was kept in)
+        removed: dict[int, tuple[str, int, float]] = {}
+        order = self.order(stats)
+        for x in order:
+            g = self.group.get(x, x)
+            if cfg.exact and g in kept_of_group:
+                removed[x] = (EXACT, kept_of_group[g], 1.0)
+                continue
+            if cfg.near and has_shingles(x):
+                best = None
+                if g in kept_of_group:          # exact: false: a kept copy is a near duplicate at 1.0
+                    best = (1.0, self._rank(kept_of_group[g], rank), kept_of_group[g])
+                dst, js = self.cands(g)
+                for k, jac in zip(dst.tolist(), js.tolist()):
+                    gk = self.group.get(k, k)
+                    kept = kept_of_group.get(gk, gk if gk < LOCAL else None)   # earlier runs' are kept
+                    if kept is None:
+                        continue
+                    cand = (jac, self._rank(kept, rank), kept)
+                    if best is None or cand[0] > best[0] or (cand[0] == best[0] and cand[1] < best[1]):
+                        best = cand
+                if best is not None:
+                    removed[x] = (NEAR, best[2], best[0])
+                    continue
+            rank[x] = (1, len(rank))
+            kept_of_group.setdefault(g, x)
+        return removed, stats, order
+
+    @staticmethod
+    def _rank(ref: int, rank: dict) -> tuple[int, int]:
+        return rank[ref] if ref >= LOCAL else (0, ref)
+
+
+def plan(sig_results: list[dict], partials: list[dict], ctx: RunContext, cfg: DedupConfig) -> dict:
+    """The combine: decisions from the partitions' pairs; writes per shard the rows that are not
+    plain keeps (removed rows, kept rows with duplicates) and the plan marker."""
     d = _dirs(ctx)["plan"]
     marker = d / "plan.json"
     plan_id = plan_fingerprint(cfg, sig_results, ctx)
@@ -415,118 +688,194 @@ def plan(sig_results: list[dict], ctx: RunContext, cfg: DedupConfig) -> dict:
         return done
     t0 = time.perf_counter()
     index = open_index(cfg, ctx)
-    files = [SignatureFile(s) for s in sig_results]
-    gen = index.manifest.next_gen if index else 1
-    planner = Planner(cfg, files, index)
-    decisions, examples = planner.run()
+    gen = partials[0]["next_gen"] if partials else (index.manifest.next_gen if index else 1)
+    local = LocalDocs(sig_results)
+    combine = Combine(cfg, local, partials)
+    n_shingles: dict[int, np.ndarray] = {}
+
+    def has_shingles(ref: int) -> bool:
+        f, r = local.locate(ref)
+        if f not in n_shingles:
+            n_shingles[f] = local.column(f, "n_shingles")
+        return bool(n_shingles[f][r] > 0)
+
+    removed, stats, order = combine.run(has_shingles)
     t_plan = time.perf_counter() - t0
 
-    # Final keys of this run's kept documents: grouped by shard, in row order (the commit's order).
-    final: dict[str, str] = {}
-    n = 0
-    for f, dec in enumerate(decisions):
-        for r, st in enumerate(dec["status"]):
-            if st == KEPT:
-                final[dec["ref"][r]] = f"g{gen}:{n}"
-                n += 1
+    # keys of kept documents: this run's in (shard, row) order after every earlier generation
+    removed_sorted = np.array(sorted(removed), dtype=np.uint64)
 
-    def resolve(key: str) -> tuple[str, str]:     # (doc id, cluster key) of a kept document
-        if key.startswith("L"):
-            f, r = planner.local_ref[int(key[1:])]
-            return files[f].ids[r], final[key]
-        return index.doc_id(key), key
+    def local_key(ref: int) -> str:
+        n = ref - LOCAL
+        return make_key(gen, n - int(np.searchsorted(removed_sorted, np.uint64(ref))))
 
+    def key_of(ref: int) -> str:
+        return local_key(ref) if ref >= LOCAL else ref_key(ref)
+
+    twins = sorted({t for _, t, _ in removed.values()})
+    ids = _ids_of(twins, local, index)
+    dup_count = Counter(t for _, t, _ in removed.values())
+    counts = Counter(st for st, _, _ in removed.values())
+
+    by_file: dict[int, list[int]] = {}
+    for ref in list(removed) + [t for t in dup_count if t >= LOCAL]:
+        by_file.setdefault(local.locate(ref)[0], []).append(ref)
     outputs: dict[str, dict] = {}
-    cluster_sizes: Counter = Counter()
-    counts = Counter()
-    for f, dec in enumerate(decisions):
-        dup_of, cluster, jac = [], [], []
-        for r, st in enumerate(dec["status"]):
-            counts[st] += 1
-            if st == KEPT:
-                dup_of.append(None); cluster.append(final[dec["ref"][r]]); jac.append(None)
+    for f, s in enumerate(sig_results):
+        refs = sorted(set(by_file.get(f, [])))
+        rows, status, dup_of, cluster, jac, size = [], [], [], [], [], []
+        for ref in refs:
+            rows.append(local.locate(ref)[1])
+            if ref in removed:
+                st, twin, j = removed[ref]
+                status.append(st); dup_of.append(ids[twin]); cluster.append(key_of(twin)); jac.append(j); size.append(None)
             else:
-                doc_id, ckey = resolve(dec["ref"][r])
-                dup_of.append(doc_id); cluster.append(ckey); jac.append(dec["jac"][r])
-                cluster_sizes[ckey] += 1
-        table = pa.table({"status": pa.array(dec["status"], pa.string()), "dup_of": pa.array(dup_of, pa.string()),
-                          "cluster_id": pa.array(cluster, pa.string()), "dup_jaccard": pa.array(jac, pa.float64())})
-        path = d / f"{files[f].name}.parquet"
+                status.append(KEPT); dup_of.append(None); cluster.append(key_of(ref)); jac.append(None)
+                size.append(1 + dup_count[ref])
+        table = pa.table({"row": pa.array(rows, pa.int64()), "status": pa.array(status, pa.string()),
+                          "dup_of": pa.array(dup_of, pa.string()), "cluster_id": pa.array(cluster, pa.string()),
+                          "dup_jaccard": pa.array(jac, pa.float64()), "dup_count": pa.array(size, pa.int64())})
+        path = d / f"{s['shard']['name']}.parquet"
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp, compression="zstd")
-        outputs[files[f].name] = {"path": str(path), "sha256": sha256_file(path)}
+        outputs[s["shard"]["name"]] = {"path": str(path), "sha256": sha256_file(path)}
 
-    hist = Counter(size + 1 for size in cluster_sizes.values())   # members removed + the kept one
-    ex_out = []
-    for e in examples:
-        sf = files[e["file"]]
-        kept_id, ckey = resolve(e["key"])
-        kept_loc = planner.local_ref[int(e["key"][1:])] if e["key"].startswith("L") else None
-        ex_out.append({"removed_id": sf.ids[e["row"]], "removed_shard": sf.name, "removed_row": e["row"],
-                       "kept_id": kept_id, "cluster_id": ckey,
-                       "kept_shard": files[kept_loc[0]].name if kept_loc else None,
-                       "kept_row": kept_loc[1] if kept_loc else None,
-                       "jaccard": e["jaccard"], "estimated_jaccard": e["estimated_jaccard"]})
-    total = sum(counts.values())
+    hist = Counter(n + 1 for n in dup_count.values())    # members removed + the kept one
+    examples = _pick_examples(order, removed, local, docs=Docs(local, index, cfg), key_of=key_of, ids=ids)
+    local.close()
+    if index is not None:
+        index.close()
+    total = len(local)
+    kept = total - len(removed)
     bands, rows = cfg.lsh_params()
+    part_stats = Counter()
+    for p in partials:
+        part_stats.update(p["stats"])
     result = {
         "plan": plan_id, "gen": gen, "expected_next_gen": gen, "decisions": outputs,
-        "index": {"backend": cfg.backend, "name": index_name(cfg, ctx),
-                  "location": index.location if index else None,
-                  "docs_before": index.size() if index else 0,
-                  "docs_after": (index.size() if index else 0) + counts[KEPT],
+        "partitions": [{"lo": str(p["lo"]), "hi": str(p["hi"])} for p in (partials or [])],
+        "index": {"backend": cfg.backend, "name": index_name(cfg, ctx), "location": index.location if index else None,
+                  "docs_before": index.size() if index else 0, "docs_after": (index.size() if index else 0) + kept,
                   "bands": bands, "rows": rows, "num_perm": cfg.num_perm,
-                  "memory_bytes": lsh_memory_bytes(planner.local.lsh) + (lsh_memory_bytes(index.lsh) if isinstance(index, FileIndex) else 0)},
-        "input_docs": total, "kept_docs": counts[KEPT], "exact_dup": counts[EXACT], "near_dup": counts[NEAR],
+                  "twins_in_index": sum(n for t, n in dup_count.items() if t < LOCAL)},
+        "input_docs": total, "kept_docs": kept, "exact_dup": counts[EXACT], "near_dup": counts[NEAR],
         "exact_dup_rate": round(counts[EXACT] / total, 6) if total else 0.0,
         "near_dup_rate": round(counts[NEAR] / total, 6) if total else 0.0,
         "cluster_size_histogram": {str(k): v for k, v in sorted(hist.items())},
-        "examples": ex_out, "candidates": planner.stats["candidates"],
-        "policy_note": "quality column missing: first_seen order used" if planner.stats["quality_column_missing"] else None,
-        "seconds": round(time.perf_counter() - t0, 3), "plan_seconds": round(t_plan, 3),
+        "examples": examples, "candidates": combine.pairs_verified,
+        "plan_partitions": len(partials), "largest_partition_bytes": max((p["held_bytes"] for p in partials), default=0),
+        "partition_stats": dict(part_stats),
+        "partition_seconds": round(sum(p["seconds"] for p in partials), 3),
+        "policy_note": "quality column missing: first_seen order used" if stats["quality_column_missing"] else None,
+        "seconds": round(time.perf_counter() - t0, 3), "combine_seconds": round(t_plan, 3),
     }
     write_json_atomic(marker, result)
     _crash("plan")
     return result
 
 
-def lsh_memory_bytes(lsh) -> int:
-    """Approximate Python memory of a dict-backed MinHashLSH (tables, key lists, band values)."""
-    from datasketch.storage import DictListStorage
-    seen = 0
-    for store in [lsh.keys, *lsh.hashtables]:
-        if not isinstance(store, DictListStorage):
-            return 0
-        table = store._dict
-        seen += sys.getsizeof(table)
-        for k, v in table.items():
-            seen += sys.getsizeof(k) + sys.getsizeof(v)
-            if store is lsh.keys:
-                seen += sum(sys.getsizeof(x) for x in v)
-    return seen
+def _ids_of(refs: list[int], local: LocalDocs, index: DedupIndex | None) -> dict[int, str]:
+    out: dict[int, str] = {}
+    by_file: dict[int, list[tuple[int, int]]] = {}
+    for ref in refs:
+        if ref >= LOCAL:
+            f, r = local.locate(ref)
+            by_file.setdefault(f, []).append((ref, r))
+    for f, items in by_file.items():
+        ids = pq.read_table(local.results[f]["files"]["meta"]["path"], columns=["id"]).column("id")
+        for ref, r in items:
+            out[ref] = ids[r].as_py()
+    earlier = [r for r in refs if r < LOCAL]
+    if earlier:
+        out.update(index.doc_ids_of(earlier))
+    return out
+
+
+def _pick_examples(order, removed, local: LocalDocs, docs: Docs, key_of, ids) -> list[dict]:
+    """Three example pairs for the report: near duplicates first (in processing order), then exact."""
+    near = [x for x in order if x in removed and removed[x][0] == NEAR][:3]
+    exact = [x for x in order if x in removed and removed[x][0] == EXACT][:3 - len(near)]
+    out = []
+    for x in near + exact:
+        st, twin, jac = removed[x]
+        f, r = local.locate(x)
+        kept_loc = local.locate(twin) if twin >= LOCAL else None
+        est = float(np.mean(docs.signature(twin) == docs.signature(x)))
+        out.append({"removed_id": _ids_of([x], local, None)[x], "removed_shard": local.results[f]["shard"]["name"],
+                    "removed_row": r, "kept_id": ids[twin], "cluster_id": key_of(twin),
+                    "kept_shard": local.results[kept_loc[0]]["shard"]["name"] if kept_loc else None,
+                    "kept_row": kept_loc[1] if kept_loc else None,
+                    "jaccard": round(jac, 4), "estimated_jaccard": round(est, 4)})
+    return out
 
 
 DUP_FIELDS = [pa.field("dup_of", pa.string()), pa.field("cluster_id", pa.string()), pa.field("dup_jaccard", pa.float64())]
+DUP_COUNT = pa.field("dup_count", pa.int64())
 
 
 # ---- step 4: commit ---------------------------------------------------------------------------
 
+def _removed_rows(plan_result: dict, name: str) -> np.ndarray:
+    dec = pq.read_table(plan_result["decisions"][name]["path"], columns=["row", "status"])
+    rm = pc.not_equal(dec.column("status"), KEPT)
+    return np.asarray(dec.column("row").filter(rm).to_numpy(), dtype=np.int64)
+
+
 def segment_parts(sig_results: list[dict], plan_result: dict):
-    """This run's kept documents per shard, in final-key order (shard, row)."""
+    """This run's kept documents per shard, in key order (shard, row). One shard's files are mapped
+    at a time (a mapping kept open would keep every page read resident)."""
     for s in sig_results:
-        sf = SignatureFile(s)
-        dec = pq.read_table(plan_result["decisions"][sf.name]["path"])
-        rows = np.nonzero(np.asarray(pc.equal(dec.column("status"), KEPT).to_numpy(zero_copy_only=False)))[0]
-        if sf.flat is not None:
-            lens = sf.n_shingles[rows].astype(np.int64)
+        files = s["files"]
+        keep = np.ones(s["rows"], bool)
+        keep[_removed_rows(plan_result, s["shard"]["name"])] = False
+        rows = np.nonzero(keep)[0]
+        meta = pq.read_table(files["meta"]["path"], columns=["id", "exact", "n_shingles"])
+        flat = offs = None
+        if "shingles" in files:
+            lengths = meta.column("n_shingles").to_numpy().astype(np.int64)
             offs = np.zeros(len(rows) + 1, np.int64)
-            np.cumsum(lens, out=offs[1:])
-            flat = np.concatenate([sf.shingles(r) for r in rows]) if len(rows) else np.zeros(0, np.uint32)
-        else:
-            flat = offs = None
-        yield SegmentPart(ids=[sf.ids[r] for r in rows], exact=[sf.exact[r] for r in rows],
-                          sigs=np.asarray(sf.sigs[rows]) if len(rows) else np.zeros((0, sf.sigs.shape[1]), np.uint32),
-                          shingles=flat, offsets=offs)
+            np.cumsum(lengths[rows], out=offs[1:])
+            flat = np.load(files["shingles"]["path"])[np.repeat(keep, lengths)]
+        sigs = np.load(files["sig"]["path"], mmap_mode="r")
+        part = SegmentPart(ids=meta.column("id").take(pa.array(rows)).to_pylist(),
+                           exact=meta.column("exact").take(pa.array(rows)).to_pylist(),
+                           sigs=np.array(sigs[rows]), shingles=flat, offsets=offs)
+        del sigs, meta
+        yield part
+
+
+def band_parts(sig_results: list[dict], plan_result: dict, gen: int):
+    """This run's kept documents' band and exact rows, per plan partition, with index refs."""
+    removed = []
+    base = 0
+    for s in sig_results:
+        removed.append(_removed_rows(plan_result, s["shard"]["name"]) + base)
+        base += s["rows"]
+    removed = np.sort(np.concatenate(removed)) if removed else np.zeros(0, np.int64)
+
+    def to_index(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Drop removed documents; a kept one's ref becomes gen << 36 | its position among the kept."""
+        pos = (cols["ref"] & ~LOCAL_FLAG).astype(np.int64)
+        before = np.searchsorted(removed, pos)             # removed documents before it
+        is_removed = np.zeros(len(pos), bool)
+        if len(removed):
+            is_removed = removed[np.minimum(before, len(removed) - 1)] == pos
+        keep = ~is_removed
+        out = {c: v[keep] for c, v in cols.items()}
+        out["ref"] = index_ref_array(gen, pos[keep] - before[keep])
+        return out
+
+    for p in plan_result["partitions"]:
+        lo, hi = int(p["lo"]), int(p["hi"])
+        bands = to_index(_global_refs(sig_results, "bands", lo, hi))
+        exact = to_index(_global_refs(sig_results, "exact", lo, hi))
+        o = np.lexsort([bands["ref"], bands["digest"], bands["key"]])
+        e = np.lexsort([exact["ref"], exact["lo"], exact["hi"]])
+        yield BandPart(lo=lo, hi=hi, bands={c: v[o] for c, v in bands.items()}, exact={c: v[e] for c, v in exact.items()})
+
+
+def index_ref_array(gen: int, n: np.ndarray) -> np.ndarray:
+    return (np.uint64(gen) << np.uint64(GEN_SHIFT)) | n.astype(np.uint64)
 
 
 def commit(sig_results: list[dict], plan_result: dict, ctx: RunContext, cfg: DedupConfig) -> dict:
@@ -534,12 +883,13 @@ def commit(sig_results: list[dict], plan_result: dict, ctx: RunContext, cfg: Ded
     if cfg.backend == "none":
         return {"committed": False, "reason": "backend none"}
     t0 = time.perf_counter()
-    index = _open_for_commit(cfg, ctx)
+    index = open_index(cfg, ctx)
     done = index.manifest.committed_plan(plan_result["plan"])
     if done is not None and done.gen == plan_result["gen"]:
         return {"committed": True, "gen": done.gen, "skipped": True, "disk_bytes": index.disk_bytes()}
     index.commit(plan_result["gen"], plan_result["expected_next_gen"], plan_result["plan"],
-                 segment_parts(sig_results, plan_result), crash_hook=_crash)
+                 segment_parts(sig_results, plan_result), band_parts(sig_results, plan_result, plan_result["gen"]),
+                 crash_hook=_crash)
     info = {"committed": True, "gen": plan_result["gen"], "skipped": False, "disk_bytes": index.disk_bytes(),
             "location": index.location, "backend": index.backend, "seconds": round(time.perf_counter() - t0, 3)}
     try:
@@ -550,23 +900,6 @@ def commit(sig_results: list[dict], plan_result: dict, ctx: RunContext, cfg: Ded
     except Exception as e:  # the index is committed; the catalog entry is only a pointer to it
         info["catalog_error"] = str(e)
     return info
-
-
-def _open_for_commit(cfg: DedupConfig, ctx: RunContext) -> DedupIndex:
-    """The index without rebuilding its in-memory LSH (the commit only writes)."""
-    rd = ctx.run_dir
-    if cfg.backend == "redis":
-        return RedisIndex(cfg.redis.model_dump(), index_name(cfg, ctx), cfg.index_params(), rd)
-    idx = FileIndex.__new__(FileIndex)
-    DedupIndex.__init__(idx, cfg.index_params(), rd)
-    idx.folder = index_location(cfg, ctx)
-    idx.location = str(idx.folder)
-    man = idx._read_manifest()
-    if man is not None:
-        from quipu.tasks.dedup_index import check_params
-        check_params(man.params, cfg.index_params(), idx.location)
-        idx.manifest = man
-    return idx
 
 
 def _example_pairs(plan_result: dict, sig_results: list[dict]) -> list[dict]:
@@ -595,28 +928,30 @@ def _example_pairs(plan_result: dict, sig_results: list[dict]) -> list[dict]:
 # ---- the stage --------------------------------------------------------------------------------
 
 class DecisionCursor:
-    """One shard's decisions (rows aligned with the shard), handed out batch by batch in row order."""
+    """One shard's decisions (the rows that are not plain keeps), handed out batch by batch."""
 
     def __init__(self, decisions: dict):
         self.path, self.sha256 = decisions["path"], decisions["sha256"]
         self._table: pa.Table | None = None
         self._offset = 0
 
-    def take(self, n: int) -> pa.Table:
+    def take(self, n: int) -> tuple[np.ndarray, pa.Table]:
+        """(rows within the batch, their decisions) for the next `n` rows of the shard."""
         if self._table is None:
             self._table = pq.read_table(self.path)
-        if self._offset + n > self._table.num_rows:
-            raise AssertionError(f"dedup: {self.path} has {self._table.num_rows} decisions, the shard has more rows")
-        part = self._table.slice(self._offset, n)
+        rows = self._table.column("row").to_numpy()
+        a, b = np.searchsorted(rows, self._offset), np.searchsorted(rows, self._offset + n)
+        part = self._table.slice(int(a), int(b - a))
+        local = rows[a:b] - self._offset
         self._offset += n
-        return part
+        return local, part
 
 
 class DedupStage(Stage):
-    """Global: signatures per shard (scan), one sequential plan over them, per-shard splits by the
-    plan's decisions, then the index commit once every output is written."""
+    """Global: signatures and band rows per shard (scan), the plan per hash range in parallel and
+    a combine, per-shard splits by the plan's decisions, then the index commit."""
     name = STAGE
-    columns = tuple(DUP_FIELDS)
+    columns = (*DUP_FIELDS, DUP_COUNT)   # dup_count on kept rows: removed by a later stage, they carry it
     Config = DedupConfig
 
     def check(self) -> None:
@@ -631,8 +966,14 @@ class DedupStage(Stage):
     def scan(self, shard: Shard) -> dict:
         return compute_signatures(shard, self.context, self.config)
 
-    def plan(self, scans: list[dict]) -> dict:
-        return plan(scans, self.context, self.config)
+    def plan_partitions(self, scans: list[dict]) -> list[dict]:
+        return plan_partitions(scans, self.context, self.config)
+
+    def plan_partition(self, scans: list[dict], partition: dict) -> dict:
+        return plan_partition(scans, partition, self.context, self.config)
+
+    def combine(self, scans: list[dict], partials: list[dict]) -> dict:
+        return plan(scans, partials, self.context, self.config)
 
     def plan_for(self, shard: Shard, plan_result: dict) -> DecisionCursor:
         return DecisionCursor(plan_result["decisions"][shard.name])
@@ -641,15 +982,22 @@ class DedupStage(Stage):
         return {"decisions": cursor.sha256}
 
     def process(self, batch: pa.Table, cursor: DecisionCursor) -> Outcome:
-        dec = cursor.take(batch.num_rows)
-        keep = pc.equal(dec.column("status"), KEPT)
-        drop = pc.invert(keep)
-        removed, dd = batch.filter(drop), dec.filter(drop)
-        removed = removed.append_column(pa.field("reason", pa.string(), nullable=False), dd.column("status"))
+        rows, dec = cursor.take(batch.num_rows)
+        n = batch.num_rows
+        status = np.full(n, KEPT, dtype=object)
+        status[rows] = dec.column("status").to_numpy(zero_copy_only=False)
+        size = np.ones(n, np.int64)
+        kept_dec = pc.equal(dec.column("status"), KEPT).to_numpy(zero_copy_only=False)
+        size[rows[kept_dec]] = dec.column("dup_count").filter(pa.array(kept_dec)).to_numpy()
+        keep = status == KEPT
+        kept = set_column(batch.filter(pa.array(keep)), DUP_COUNT, pa.array(size[keep], pa.int64()))
+        removed = batch.filter(pa.array(~keep))
+        rm = dec.filter(pc.not_equal(dec.column("status"), KEPT))     # in row order, as the removed rows
+        removed = removed.append_column(pa.field("reason", pa.string(), nullable=False), rm.column("status"))
         for fld in DUP_FIELDS:
-            removed = removed.append_column(fld, dd.column(fld.name))
-        status = dd.column("status").to_pylist()
-        return Outcome(batch.filter(keep), removed, {"exact_dup": status.count(EXACT), "near_dup": status.count(NEAR)})
+            removed = removed.append_column(fld, rm.column(fld.name))
+        st = rm.column("status").to_pylist()
+        return Outcome(kept, removed, {"exact_dup": st.count(EXACT), "near_dup": st.count(NEAR)})
 
     def commit(self, scans: list[dict], plan_result: dict) -> dict:
         _crash("split")   # every split is written, nothing committed yet
@@ -657,7 +1005,9 @@ class DedupStage(Stage):
 
     def finalize(self, stats: dict, scans: list[dict], plan_result: dict, committed: dict) -> dict:
         report = {k: plan_result[k] for k in ("exact_dup", "near_dup", "exact_dup_rate", "near_dup_rate",
-                                               "cluster_size_histogram", "candidates", "plan_seconds")}
+                                               "cluster_size_histogram", "candidates", "plan_partitions",
+                                               "largest_partition_bytes", "partition_stats",
+                                               "partition_seconds", "combine_seconds")}
         report["examples"] = _example_pairs(plan_result, scans)
         report["index"] = {**plan_result["index"], "disk_bytes": committed.get("disk_bytes"),
                            "committed_generation": committed.get("gen")}

@@ -1,44 +1,54 @@
 """The persistent near-duplicate index of one dataset, kept between curation runs.
 
-What it holds: for every document kept by an earlier run, its MinHash signature in a datasketch
-`MinHashLSH`, its doc id, its exact-text hash and (with exact verification) its shingle hashes.
-Each committed run adds one *generation*; LSH keys are `g<gen>:<n>`, so a key says which run kept
-the document and lets a reader ignore generations it must not see.
+What it holds, per committed run (a *generation*), for every document that run kept:
+- segment parts (one per input shard): doc ids and exact-text hashes (`meta.parquet`), MinHash
+  signatures (`sig.npy`) and, with exact verification, shingle hashes (`shingles.npy`, `offsets.npy`);
+- band parts (one per hash range of the run's commit): the LSH band rows sorted by band hash
+  (`key`, the document's exact-hash prefix `digest`, the document's `ref`) and the exact-hash rows
+  sorted by hash (`hi`, `lo`, `ref`).
+A later run's plan reads, per partition, only the band and exact rows of its hash range from every
+visible generation (a binary search in sorted files: the index is never loaded whole), and the
+signatures or shingles of the few documents a candidate pair names. A document's `ref` is
+`gen << 36 | n` (n: its position among the generation's kept documents), its key `g<gen>:<n>`;
+earlier generations sort first.
 
-Two backends, one contract:
-- `FileIndex` (embedded default): a folder with `manifest.json` and one set of segment files per
-  generation (signatures, ids, exact hashes, shingles). On open, the LSH is rebuilt in memory
-  from the stored signatures (datasketch's dict storage): nothing is recomputed from text.
-- `RedisIndex`: the LSH lives in datasketch's Redis storage (`storage_config={"type": "redis"}`),
-  ids, exact hashes and shingles in Redis hashes beside it, so several workers or machines share it.
+Two stores, one index: `FileStore` (a folder; arrays are memory-mapped) and `RedisStore` (each
+array one Redis value under `<prefix>:<index>:`, loaded whole when read: for small indexes shared
+by several machines without a shared file system).
 
 Commits are atomic: a generation's data is written first, then one atomic write of the manifest
 (a file rename, or one Redis SET under WATCH) makes it visible. Data of a generation the manifest
-does not list (a killed commit) is invisible to queries and is deleted on the next open. A run
-re-executed into the same output directory *replaces* its earlier generation (otherwise its
-documents would be found as duplicates of themselves).
+does not list (a killed commit) is invisible and is deleted by the next commit. A run re-executed
+into the same output directory *replaces* its earlier generation (otherwise its documents would be
+found as duplicates of themselves).
 """
 from __future__ import annotations
 
 import contextlib
-
+import io
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasketch import LeanMinHash, MinHashLSH
 
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import atomic_path, read_json, write_json_atomic
+from quipu.tasks.partitions import NpyRows, key_range, save_npy
 
 SCHEME = "affine32"                      # datasketch 2.x default permutation scheme
+LAYOUT = "sorted-bands/v2"               # stored in the index params: v1 (a datasketch LSH) is not read
 KEY_RE = re.compile(r"^g(\d+):(\d+)$")
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+GEN_SHIFT = 36                           # ref = gen << 36 | n: 2^36 documents per generation
+LOCAL_FLAG = np.uint64(1 << 63)          # refs of this run's documents (the planner's), after every generation
+
+__all__ = ["save_npy"]   # re-exported: older callers import it from here
 
 
 class IndexMismatch(UserError, ValueError):
@@ -54,26 +64,21 @@ def make_key(gen: int, n: int) -> str:
     return f"g{gen}:{n}"
 
 
-def key_gen(key: str) -> int:
-    m = KEY_RE.match(key)
-    if not m:
-        raise ValueError(f"not a dedup index key: {key!r}")
-    return int(m.group(1))
-
-
 def key_order(key: str) -> tuple[int, int]:
     """(generation, position): earlier runs and earlier kept documents sort first."""
     m = KEY_RE.match(key)
+    if not m:
+        raise ValueError(f"not a dedup index key: {key!r}")
     return int(m.group(1)), int(m.group(2))
 
 
-def new_lsh(params: dict, storage_config: dict | None = None) -> MinHashLSH:
-    return MinHashLSH(num_perm=params["num_perm"], params=(params["bands"], params["rows"]),
-                      storage_config=storage_config)
+def index_ref(gen: int, n: int) -> int:
+    return (gen << GEN_SHIFT) | n
 
 
-def lean(sig: np.ndarray, seed: int) -> LeanMinHash:
-    return LeanMinHash(seed=seed, hashvalues=sig, scheme=SCHEME)
+def ref_key(ref: int) -> str:
+    """`g<gen>:<n>` of an index ref."""
+    return make_key(ref >> GEN_SHIFT, ref & ((1 << GEN_SHIFT) - 1))
 
 
 @dataclass
@@ -87,12 +92,22 @@ class SegmentPart:
 
 
 @dataclass
+class BandPart:
+    """One hash range of a generation's band rows and exact-hash rows, each sorted by hash."""
+    lo: int
+    hi: int
+    bands: dict[str, np.ndarray]          # key, digest, ref (uint64)
+    exact: dict[str, np.ndarray]          # hi, lo, ref (uint64)
+
+
+@dataclass
 class Generation:
     gen: int
     plan: str
     run_dir: str
     docs: int
-    parts: int
+    part_docs: list[int]                  # documents per segment part
+    ranges: list[list[int]]               # [lo, hi, band rows, exact rows] per band part
     superseded: bool = False
 
     def to_json(self) -> dict:
@@ -112,7 +127,8 @@ class Manifest:
     @classmethod
     def from_json(cls, d: dict) -> "Manifest":
         return cls(params=d["params"], next_gen=int(d["next_gen"]),
-                   generations=[Generation(**g) for g in d.get("generations", [])])
+                   generations=[Generation(**g) for g in d.get("generations", [])]
+                   if d.get("version") == MANIFEST_VERSION else [])
 
     def visible(self, run_dir: str) -> list[Generation]:
         """Generations a run into `run_dir` deduplicates against: not superseded, not its own."""
@@ -121,17 +137,17 @@ class Manifest:
     def committed_plan(self, plan: str) -> Generation | None:
         return next((g for g in self.generations if g.plan == plan and not g.superseded), None)
 
-    def with_commit(self, gen: int, plan: str, run_dir: str, docs: int, parts: int) -> tuple["Manifest", list[int]]:
-        """The manifest after committing `gen`, and the generations it supersedes."""
+    def with_commit(self, new: Generation) -> tuple["Manifest", list[int]]:
+        """The manifest after committing `new`, and the generations it supersedes."""
         gens, dropped = [], []
         for g in self.generations:
             g = Generation(**g.to_json())
-            if g.run_dir == run_dir and not g.superseded:
+            if g.run_dir == new.run_dir and not g.superseded:
                 g.superseded = True
                 dropped.append(g.gen)
             gens.append(g)
-        gens.append(Generation(gen=gen, plan=plan, run_dir=run_dir, docs=docs, parts=parts))
-        return Manifest(self.params, max(self.next_gen, gen + 1), gens), dropped
+        gens.append(new)
+        return Manifest(self.params, max(self.next_gen, new.gen + 1), gens), dropped
 
 
 def check_params(stored: dict, wanted: dict, where: str) -> None:
@@ -142,344 +158,121 @@ def check_params(stored: dict, wanted: dict, where: str) -> None:
                             + "; ".join(diff) + "): use another `dedup.index` name or delete that index")
 
 
-class DedupIndex:
-    """What the planner asks of a committed index (documents kept by earlier runs)."""
-    backend: str
-    location: str
+# ---- stores -----------------------------------------------------------------------------------
 
-    def __init__(self, params: dict, run_dir: str):
-        self.params = params
-        self.run_dir = run_dir
-        self.manifest = Manifest(params)
-        self.visible_gens: set[int] = set()
-        self._shingle_cache: dict[str, np.ndarray] = {}
-
-    # --- reading ---
-    def query(self, m: LeanMinHash) -> list[str]:
-        raise NotImplementedError
-
-    def exact_key(self, digest: bytes) -> str | None:
-        raise NotImplementedError
-
-    def doc_id(self, key: str) -> str:
-        raise NotImplementedError
-
-    def shingles(self, key: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def signature(self, key: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def doc_ids(self) -> list[str]:
-        """Ids of every visible document (tests and reports)."""
-        raise NotImplementedError
-
-    def size(self) -> int:
-        return sum(g.docs for g in self.manifest.generations if g.gen in self.visible_gens)
-
-    def disk_bytes(self) -> int:
-        raise NotImplementedError
-
-    # --- writing ---
-    def commit(self, gen: int, expected_next_gen: int, plan: str, parts: Iterable[SegmentPart]) -> None:
-        raise NotImplementedError
-
-    def _visible(self, key: str) -> bool:
-        return key_gen(key) in self.visible_gens
+def _seg(gen: int, part: int, what: str) -> str:
+    return f"seg-{gen:06d}-{part:05d}.{what}"
 
 
-# ---- file backend -----------------------------------------------------------------------------
+def _band(gen: int, part: int, what: str) -> str:
+    return f"seg-{gen:06d}-b{part:04d}.{what}"
 
-class FileIndex(DedupIndex):
+
+class FileStore:
+    """The index as a folder: `manifest.json`, arrays as `.npy` (memory-mapped), tables as parquet."""
     backend = "file"
 
-    def __init__(self, folder: str | Path, params: dict, run_dir: str):
-        super().__init__(params, run_dir)
+    def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.location = str(self.folder)
-        self.lsh = new_lsh(params)
-        self._exact: dict[bytes, str] = {}
-        self._ids: dict[int, list[str]] = {}
-        self._sigs: dict[int, list[np.ndarray]] = {}
-        self._shingles: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._part_of: dict[int, np.ndarray] = {}      # gen -> cumulative doc counts of its parts
-        self._load()
+        self._readers: dict[str, NpyRows] = {}
 
-    @property
-    def manifest_path(self) -> Path:
-        return self.folder / "manifest.json"
+    def read_manifest(self) -> Manifest | None:
+        path = self.folder / "manifest.json"
+        return Manifest.from_json(read_json(path)) if path.exists() else None
 
-    def _part_path(self, gen: int, part: int, what: str) -> Path:
-        return self.folder / f"seg-{gen:06d}-{part:05d}.{what}"
+    def raw_params(self) -> dict | None:
+        path = self.folder / "manifest.json"
+        return read_json(path)["params"] if path.exists() else None
 
-    def _read_manifest(self) -> Manifest | None:
-        if not self.manifest_path.exists():
-            return None
-        return Manifest.from_json(read_json(self.manifest_path))
+    @contextlib.contextmanager
+    def lock(self):
+        import fcntl
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)      # one committer at a time; released if it dies
+            yield
 
-    def _load(self) -> None:
-        man = self._read_manifest()
-        if man is not None:
-            check_params(man.params, self.params, str(self.folder))
-            self.manifest = man
-        seed = self.params["seed"]
-        for g in self.manifest.visible(self.run_dir):
-            self.visible_gens.add(g.gen)
-            ids, sigs, shingles, counts = [], [], [], [0]
-            for p in range(g.parts):
-                meta = pq.read_table(self._part_path(g.gen, p, "meta.parquet"))
-                part_ids = meta.column("id").to_pylist()
-                digests = meta.column("exact").to_pylist()
-                sig = np.load(self._part_path(g.gen, p, "sig.npy"), mmap_mode="r")
-                if self.params["verify"] == "exact":
-                    shingles.append((np.load(self._part_path(g.gen, p, "shingles.npy"), mmap_mode="r"),
-                                     np.load(self._part_path(g.gen, p, "offsets.npy"))))
-                base = counts[-1]
-                with self.lsh.insertion_session() as session:
-                    for i in range(len(part_ids)):
-                        session.insert(make_key(g.gen, base + i), lean(np.asarray(sig[i]), seed),
-                                       check_duplication=False)
-                for i, d in enumerate(digests):
-                    self._exact.setdefault(d, make_key(g.gen, base + i))
-                ids.extend(part_ids)
-                sigs.append(sig)
-                counts.append(base + len(part_ids))
-            self._ids[g.gen] = ids
-            self._sigs[g.gen] = sigs
-            self._shingles[g.gen] = shingles
-            self._part_of[g.gen] = np.asarray(counts, dtype=np.int64)
+    def publish(self, manifest: Manifest, expected_next_gen: int) -> None:
+        write_json_atomic(self.folder / "manifest.json", manifest.to_json())   # under the lock
 
-    def _remove_unlisted(self) -> None:
-        """Delete segment files of generations the manifest does not list (killed commits) or
-        that it marks superseded. Called under the commit lock."""
-        if not self.folder.exists():
-            return
-        live = {g.gen for g in self.manifest.generations if not g.superseded}
-        for p in self.folder.glob("seg-*"):
-            m = re.match(r"seg-(\d+)-", p.name)
-            if m and int(m.group(1)) not in live:
-                p.unlink(missing_ok=True)
+    def put_array(self, name: str, arr: np.ndarray) -> None:
+        save_npy(self.folder / name, arr)
 
-    def _locate(self, key: str) -> tuple[int, int, int]:
-        gen, n = key_order(key)
-        counts = self._part_of[gen]
-        part = int(np.searchsorted(counts, n, side="right")) - 1
-        return gen, part, n - int(counts[part])
+    def array(self, name: str) -> np.ndarray:
+        return np.load(self.folder / name, mmap_mode="r")
 
-    def query(self, m: LeanMinHash) -> list[str]:
-        return [k for k in self.lsh.query(m) if self._visible(k)]
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows of an array read from disk (not mapped: what a plan reads at random stays small)."""
+        reader = self._readers.get(name)
+        if reader is None:
+            if len(self._readers) > 256:
+                self.close()
+            reader = self._readers[name] = NpyRows(self.folder / name)
+        return reader.rows(start, stop)
 
-    def exact_key(self, digest: bytes) -> str | None:
-        return self._exact.get(digest)
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
 
-    def doc_id(self, key: str) -> str:
-        gen, n = key_order(key)
-        return self._ids[gen][n]
+    def put_table(self, name: str, table: pa.Table) -> None:
+        with atomic_path(self.folder / name) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
 
-    def signature(self, key: str) -> np.ndarray:
-        gen, part, i = self._locate(key)
-        return np.asarray(self._sigs[gen][part][i])
+    def table(self, name: str) -> pa.Table:
+        return pq.read_table(self.folder / name)
 
-    def shingles(self, key: str) -> np.ndarray:
-        gen, part, i = self._locate(key)
-        flat, offs = self._shingles[gen][part]
-        return np.asarray(flat[offs[i]:offs[i + 1]])
+    def names(self) -> list[str]:
+        return [p.name for p in self.folder.glob("seg-*")] if self.folder.exists() else []
 
-    def doc_ids(self) -> list[str]:
-        return [i for g in sorted(self._ids) for i in self._ids[g]]
+    def delete(self, names: Iterable[str]) -> None:
+        for n in names:
+            (self.folder / n).unlink(missing_ok=True)
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.folder.glob("*") if p.is_file()) if self.folder.exists() else 0
 
-    def commit(self, gen: int, expected_next_gen: int, plan: str, parts: Iterable[SegmentPart],
-               crash_hook=None) -> None:
-        import fcntl
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)      # one committer at a time; released if it dies
-            self._commit_locked(gen, expected_next_gen, plan, parts, crash_hook)
 
-    def _commit_locked(self, gen, expected_next_gen, plan, parts, crash_hook) -> None:
-        current = self._read_manifest() or Manifest(self.params)
-        if current.next_gen != expected_next_gen:
-            raise ConcurrentCommit(f"the dedup index at {self.folder} changed while this run was planning "
-                                   f"(next generation {current.next_gen}, expected {expected_next_gen}): rerun")
-        self.manifest = current
-        self._remove_unlisted()                   # what a killed commit left
-        docs = n_parts = 0
-        for part in parts:   # unlisted files until the manifest names them
-            self._write_part(gen, n_parts, part)
-            docs += len(part.ids)
-            n_parts += 1
-        if crash_hook:
-            crash_hook("commit")
-        new, dropped = current.with_commit(gen, plan, self.run_dir, docs, n_parts)
-        write_json_atomic(self.manifest_path, new.to_json())   # the commit point
-        self.manifest = new
-        for g in dropped:
-            for p in self.folder.glob(f"seg-{g:06d}-*"):
-                p.unlink(missing_ok=True)
-
-    def _write_part(self, gen: int, n: int, part: SegmentPart) -> None:
-        meta = pa.table({"id": pa.array(part.ids, pa.string()),
-                         "exact": pa.array(part.exact, pa.binary(16))})
-        with atomic_path(self._part_path(gen, n, "meta.parquet")) as tmp:
-            pq.write_table(meta, tmp, compression="zstd")
-        save_npy(self._part_path(gen, n, "sig.npy"), part.sigs.astype(np.uint32, copy=False))
-        if self.params["verify"] == "exact":
-            save_npy(self._part_path(gen, n, "shingles.npy"), part.shingles.astype(np.uint32, copy=False))
-            save_npy(self._part_path(gen, n, "offsets.npy"), part.offsets.astype(np.int64, copy=False))
-
-
-def save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.save(fh, arr)
-
-
-# ---- redis backend ----------------------------------------------------------------------------
-
-class RedisIndex(DedupIndex):
+class RedisStore:
+    """The index in Redis: each array or table one value under `<prefix>:<index>:`, the manifest
+    one key (the commit point: a SET under WATCH), commits serialised by a Redis lock."""
     backend = "redis"
 
-    def __init__(self, redis_cfg: dict, name: str, params: dict, run_dir: str):
+    def __init__(self, redis_cfg: dict, name: str):
+        import os
+
         import redis
-        super().__init__(params, run_dir)
         self.prefix = f"{redis_cfg.get('prefix', 'quipu-dedup')}:{name}"
         conn = {k: v for k, v in redis_cfg.items() if k in ("host", "port", "db")}
         if redis_cfg.get("password_env"):
-            conn["password"] = {"env": redis_cfg["password_env"]}
+            conn["password"] = os.environ.get(redis_cfg["password_env"])
         self.location = f"redis://{conn.get('host')}:{conn.get('port')}/{conn.get('db', 0)} {self.prefix}"
-        self.storage_config = {"type": "redis", "basename": (self.prefix + ":lsh").encode(), "redis": conn}
-        params_conn = dict(conn)
-        if "password" in params_conn:
-            import os
-            params_conn["password"] = os.environ.get(redis_cfg["password_env"])
-        self.r = redis.Redis(**params_conn)
+        self.r = redis.Redis(**conn)
         try:
             self.r.ping()
         except redis.RedisError as e:
             raise ConnectionError(f"dedup.redis: cannot reach Redis at {conn.get('host')}:{conn.get('port')}: {e}") from None
-        self.lsh = new_lsh(params, self.storage_config)
-        self._load()
+        self._cache: dict[str, np.ndarray] = {}
 
     def _k(self, what: str) -> str:
         return f"{self.prefix}:{what}"
 
-    def _read_manifest(self) -> Manifest | None:
+    def read_manifest(self) -> Manifest | None:
         raw = self.r.get(self._k("manifest"))
         return Manifest.from_json(json.loads(raw)) if raw else None
 
-    def _load(self) -> None:
-        man = self._read_manifest()
-        if man is not None:
-            check_params(man.params, self.params, self.location)
-            self.manifest = man
-        self.visible_gens = {g.gen for g in self.manifest.visible(self.run_dir)}
+    def raw_params(self) -> dict | None:
+        raw = self.r.get(self._k("manifest"))
+        return json.loads(raw)["params"] if raw else None
 
-    def _drop_unlisted(self) -> None:
-        """Remove generations with data in Redis that the manifest does not list as live
-        (killed or superseded commits). Called under the commit lock."""
-        live = {g.gen for g in self.manifest.generations if not g.superseded}
-        for raw in self.r.smembers(self._k("gens")):
-            if int(raw) not in live:
-                self._drop_generation(int(raw))
-
-    def _drop_generation(self, gen: int) -> None:
-        """Remove what a killed or superseded commit left (keys listed before they were inserted)."""
-        keys = [k.decode() for k in self.r.lrange(self._k(f"genkeys:{gen}"), 0, -1)]
-        present = [k for k in keys if k in self.lsh]
-        if present:
-            with self.lsh.deletion_session() as session:
-                for k in present:
-                    session.remove(k)
-        pipe = self.r.pipeline()
-        for k in keys:
-            pipe.hdel(self._k("ids"), k)
-            pipe.hdel(self._k("sigs"), k)
-            pipe.hdel(self._k("shingles"), k)
-        for d in self.r.lrange(self._k(f"genexact:{gen}"), 0, -1):
-            owner = self.r.hget(self._k("exact"), d)   # a later generation may own the digest now
-            if owner is not None and key_gen(owner.decode()) == gen:
-                pipe.hdel(self._k("exact"), d)
-        pipe.delete(self._k(f"genkeys:{gen}"), self._k(f"genexact:{gen}"))
-        pipe.srem(self._k("gens"), gen)
-        pipe.execute()
-
-    def query(self, m: LeanMinHash) -> list[str]:
-        return [k for k in self.lsh.query(m) if self._visible(k)]
-
-    def exact_key(self, digest: bytes) -> str | None:
-        raw = self.r.hget(self._k("exact"), digest)
-        if raw is None:
-            return None
-        key = raw.decode()
-        return key if self._visible(key) else None
-
-    def doc_id(self, key: str) -> str:
-        return self.r.hget(self._k("ids"), key).decode()
-
-    def signature(self, key: str) -> np.ndarray:
-        return np.frombuffer(self.r.hget(self._k("sigs"), key), dtype=np.uint32)
-
-    def shingles(self, key: str) -> np.ndarray:
-        return np.frombuffer(self.r.hget(self._k("shingles"), key), dtype=np.uint32)
-
-    def doc_ids(self) -> list[str]:
-        out = []
-        for raw_key, raw_id in self.r.hscan_iter(self._k("ids")):
-            key = raw_key.decode()
-            if self._visible(key):
-                out.append((key_order(key), raw_id.decode()))
-        return [i for _, i in sorted(out)]
-
-    def disk_bytes(self) -> int:
-        """Redis memory used by this index (what it would persist), via MEMORY USAGE on its keys."""
-        total = 0
-        for pattern in (self.prefix + ":*",):
-            for k in self.r.scan_iter(match=pattern, count=1000):
-                total += int(self.r.memory_usage(k) or 0)
-        return total
-
-    def commit(self, gen: int, expected_next_gen: int, plan: str, parts: Iterable[SegmentPart],
-               crash_hook=None) -> None:
+    @contextlib.contextmanager
+    def lock(self):
         with commit_lock(self.r, self._k("commit-lock")):
-            self._commit_locked(gen, expected_next_gen, plan, parts, crash_hook)
+            yield
 
-    def _commit_locked(self, gen, expected_next_gen, plan, parts, crash_hook) -> None:
+    def publish(self, manifest: Manifest, expected_next_gen: int) -> None:
         import redis
-        current = self._read_manifest() or Manifest(self.params)
-        if current.next_gen != expected_next_gen:
-            raise ConcurrentCommit(f"the dedup index {self.location} changed while this run was planning "
-                                   f"(next generation {current.next_gen}, expected {expected_next_gen}): rerun")
-        self.manifest = current
-        self._drop_unlisted()                     # what a killed commit left
-        self.r.sadd(self._k("gens"), gen)       # so a killed commit can be found and removed
-        seed = self.params["seed"]
-        docs = n_parts = 0
-        for part in parts:
-            keys = [make_key(gen, docs + i) for i in range(len(part.ids))]
-            if keys:
-                pipe = self.r.pipeline()
-                pipe.rpush(self._k(f"genkeys:{gen}"), *keys)
-                pipe.rpush(self._k(f"genexact:{gen}"), *part.exact)
-                pipe.execute()
-            with self.lsh.insertion_session() as session:
-                for i, k in enumerate(keys):
-                    session.insert(k, lean(part.sigs[i], seed), check_duplication=False)
-            pipe = self.r.pipeline()
-            for i, k in enumerate(keys):
-                pipe.hset(self._k("ids"), k, part.ids[i])
-                pipe.hset(self._k("sigs"), k, np.ascontiguousarray(part.sigs[i], dtype=np.uint32).tobytes())
-                if part.shingles is not None:
-                    pipe.hset(self._k("shingles"), k,
-                              np.ascontiguousarray(part.shingles[part.offsets[i]:part.offsets[i + 1]], dtype=np.uint32).tobytes())
-                pipe.hset(self._k("exact"), part.exact[i], k)
-            pipe.execute()
-            docs += len(keys)
-            n_parts += 1
-        if crash_hook:
-            crash_hook("commit")
-        new, dropped = current.with_commit(gen, plan, self.run_dir, docs, n_parts)
         with self.r.pipeline() as pipe:   # the commit point: one SET, only if nobody else committed
             try:
                 pipe.watch(self._k("manifest"))
@@ -488,13 +281,200 @@ class RedisIndex(DedupIndex):
                 if now_next != expected_next_gen:
                     raise ConcurrentCommit(f"the dedup index {self.location} changed during this commit: rerun")
                 pipe.multi()
-                pipe.set(self._k("manifest"), json.dumps(new.to_json()))
+                pipe.set(self._k("manifest"), json.dumps(manifest.to_json()))
                 pipe.execute()
             except redis.WatchError:
                 raise ConcurrentCommit(f"the dedup index {self.location} changed during this commit: rerun") from None
-        self.manifest = new
-        for g in dropped:
-            self._drop_generation(g)
+
+    def put_array(self, name: str, arr: np.ndarray) -> None:
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        self._put(name, buf.getvalue())
+
+    def _put(self, name: str, data: bytes) -> None:
+        pipe = self.r.pipeline()
+        pipe.sadd(self._k("names"), name)      # listed first, so a killed commit's values can be found
+        pipe.set(self._k(f"blob:{name}"), data)
+        pipe.execute()
+
+    def array(self, name: str) -> np.ndarray:
+        arr = self._cache.get(name)
+        if arr is None:
+            raw = self.r.get(self._k(f"blob:{name}"))
+            if raw is None:
+                raise FileNotFoundError(f"dedup index {self.location}: {name} is missing")
+            arr = self._cache[name] = np.load(io.BytesIO(raw))
+        return arr
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self.array(name)[start:stop])
+
+    def close(self) -> None:
+        self._cache.clear()
+
+    def put_table(self, name: str, table: pa.Table) -> None:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        self._put(name, buf.getvalue())
+
+    def table(self, name: str) -> pa.Table:
+        return pq.read_table(io.BytesIO(self.r.get(self._k(f"blob:{name}"))))
+
+    def names(self) -> list[str]:
+        return [n.decode() for n in self.r.smembers(self._k("names"))]
+
+    def delete(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if names:
+            pipe = self.r.pipeline()
+            for n in names:
+                pipe.delete(self._k(f"blob:{n}"))
+                pipe.srem(self._k("names"), n)
+            pipe.execute()
+
+    def disk_bytes(self) -> int:
+        """Redis memory used by this index (what it would persist), via MEMORY USAGE on its keys."""
+        return sum(int(self.r.memory_usage(k) or 0) for k in self.r.scan_iter(match=self.prefix + ":*", count=1000))
+
+
+# ---- the index --------------------------------------------------------------------------------
+
+class DedupIndex:
+    """Documents kept by earlier runs, as the planner reads them: band and exact rows by hash
+    range, signatures, shingles and ids by ref."""
+
+    def __init__(self, store: FileStore | RedisStore, params: dict, run_dir: str):
+        self.store, self.params, self.run_dir = store, params, run_dir
+        self.backend, self.location = store.backend, store.location
+        stored = store.raw_params()
+        if stored is not None:
+            check_params(stored, params, store.location)
+        self.manifest = store.read_manifest() or Manifest(params)
+        self.visible = self.manifest.visible(run_dir)
+        self._gens = {g.gen: g for g in self.visible}
+
+    def size(self) -> int:
+        return sum(g.docs for g in self.visible)
+
+    def band_rows_total(self) -> int:
+        return sum(r[2] for g in self.visible for r in g.ranges)
+
+    def generations_fingerprint(self) -> list:
+        return [[g.gen, g.plan] for g in self.visible]
+
+    # --- by hash range
+    def _rows(self, kind: str, key_col: str, lo: int, hi: int) -> dict[str, np.ndarray]:
+        out: list[dict[str, np.ndarray]] = []
+        for g in self.visible:
+            for i, (plo, phi, *_rest) in enumerate(g.ranges):
+                if phi <= lo or plo >= hi:
+                    continue
+                cols = {c: self.store.array(_band(g.gen, i, f"{kind}.{c}.npy"))
+                        for c in (BAND_COLUMNS if kind == "bands" else EXACT_COLUMNS)}
+                s = key_range(cols[key_col], lo, hi)
+                out.append({c: np.array(a[s]) for c, a in cols.items()})
+        names = BAND_COLUMNS if kind == "bands" else EXACT_COLUMNS
+        return {c: np.concatenate([o[c] for o in out]) if out else np.empty(0, np.uint64) for c in names}
+
+    def band_rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        return self._rows("bands", "key", lo, hi)
+
+    def exact_rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        return self._rows("exact", "hi", lo, hi)
+
+    # --- by document
+    def _locate(self, ref: int) -> tuple[int, int, int]:
+        gen, n = ref >> GEN_SHIFT, ref & ((1 << GEN_SHIFT) - 1)
+        counts = _cumulative(tuple(self._gens[gen].part_docs))
+        part = int(np.searchsorted(counts, n, side="right")) - 1
+        return gen, part, n - int(counts[part])
+
+    def signature(self, ref: int) -> np.ndarray:
+        gen, part, i = self._locate(ref)
+        return self.store.rows(_seg(gen, part, "sig.npy"), i, i + 1)[0]
+
+    def shingles(self, ref: int) -> np.ndarray:
+        gen, part, i = self._locate(ref)
+        a, b = self.store.rows(_seg(gen, part, "offsets.npy"), i, i + 2)
+        return self.store.rows(_seg(gen, part, "shingles.npy"), a, b)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def doc_ids_of(self, refs: list[int]) -> dict[int, str]:
+        """Ids of the given refs, reading each segment part once."""
+        by_part: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for ref in refs:
+            gen, part, i = self._locate(ref)
+            by_part.setdefault((gen, part), []).append((ref, i))
+        out = {}
+        for (gen, part), items in by_part.items():
+            ids = self.store.table(_seg(gen, part, "meta.parquet")).column("id")
+            for ref, i in items:
+                out[ref] = ids[i].as_py()
+        return out
+
+    def doc_ids(self) -> list[str]:
+        """Ids of every visible document in key order (tests and reports)."""
+        return [i for g in self.visible for p in range(len(g.part_docs))
+                for i in self.store.table(_seg(g.gen, p, "meta.parquet")).column("id").to_pylist()]
+
+    def disk_bytes(self) -> int:
+        return self.store.disk_bytes()
+
+    # --- writing
+    def commit(self, gen: int, expected_next_gen: int, plan: str, segments: Iterable[SegmentPart],
+               band_parts: Iterator[BandPart], crash_hook=None) -> None:
+        with self.store.lock():
+            current = self.store.read_manifest() or Manifest(self.params)
+            if current.next_gen != expected_next_gen:
+                raise ConcurrentCommit(f"the dedup index at {self.location} changed while this run was planning "
+                                       f"(next generation {current.next_gen}, expected {expected_next_gen}): rerun")
+            self._remove_unlisted(current)                 # what a killed commit left
+            part_docs = []
+            for p, seg in enumerate(segments):             # unlisted until the manifest names them
+                self._write_segment(gen, p, seg)
+                part_docs.append(len(seg.ids))
+            ranges = []
+            for i, bp in enumerate(band_parts):
+                for c in BAND_COLUMNS:
+                    self.store.put_array(_band(gen, i, f"bands.{c}.npy"), bp.bands[c])
+                for c in EXACT_COLUMNS:
+                    self.store.put_array(_band(gen, i, f"exact.{c}.npy"), bp.exact[c])
+                ranges.append([bp.lo, bp.hi, len(bp.bands["key"]), len(bp.exact["hi"])])
+            if crash_hook:
+                crash_hook("commit")
+            new, dropped = current.with_commit(Generation(gen=gen, plan=plan, run_dir=self.run_dir,
+                                                          docs=sum(part_docs), part_docs=part_docs, ranges=ranges))
+            self.store.publish(new, expected_next_gen)     # the commit point
+            self.manifest = new
+            self.store.delete(n for n in self.store.names() if _gen_of(n) in set(dropped))
+
+    def _remove_unlisted(self, manifest: Manifest) -> None:
+        live = {g.gen for g in manifest.generations if not g.superseded}
+        self.store.delete(n for n in self.store.names() if _gen_of(n) not in live)
+
+    def _write_segment(self, gen: int, p: int, part: SegmentPart) -> None:
+        self.store.put_table(_seg(gen, p, "meta.parquet"), pa.table({
+            "id": pa.array(part.ids, pa.string()), "exact": pa.array(part.exact, pa.binary(16))}))
+        self.store.put_array(_seg(gen, p, "sig.npy"), part.sigs.astype(np.uint32, copy=False))
+        if self.params["verify"] == "exact":
+            self.store.put_array(_seg(gen, p, "shingles.npy"), part.shingles.astype(np.uint32, copy=False))
+            self.store.put_array(_seg(gen, p, "offsets.npy"), part.offsets.astype(np.int64, copy=False))
+
+
+BAND_COLUMNS = ["key", "digest", "ref"]
+EXACT_COLUMNS = ["hi", "lo", "ref"]
+
+
+def _gen_of(name: str) -> int | None:
+    m = re.match(r"seg-(\d+)-", name)
+    return int(m.group(1)) if m else None
+
+
+@lru_cache(maxsize=256)
+def _cumulative(part_docs: tuple[int, ...]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(part_docs)]).astype(np.int64)
 
 
 @contextlib.contextmanager
@@ -529,19 +509,3 @@ def commit_lock(r, key: str, ttl: int = 30, wait_s: float = 600):
             lock.release()
         except redis.exceptions.LockNotOwnedError:
             pass   # it expired (the heartbeat could not reach Redis): the manifest check guards the commit
-
-
-class LocalIndex:
-    """Documents kept so far in this run (not yet committed): an in-memory datasketch LSH."""
-
-    def __init__(self, params: dict):
-        self.lsh = new_lsh(params)
-        self.exact: dict[bytes, str] = {}
-
-    def insert(self, key: str, m: LeanMinHash, digest: bytes, in_lsh: bool = True) -> None:
-        if in_lsh:   # a document without shingles (no words) has nothing to match on
-            self.lsh.insert(key, m, check_duplication=False)
-        self.exact.setdefault(digest, key)
-
-    def query(self, m: LeanMinHash) -> list[str]:
-        return self.lsh.query(m)

@@ -284,6 +284,18 @@ def plan_stage(ref: StageRef, scans: list[Scan] | None) -> Any:
     return ref.build().plan([s.value for s in scans] if scans is not None else None)
 
 
+def plan_partitions(ref: StageRef, scans: list[Scan] | None) -> list | None:
+    return ref.build().plan_partitions([s.value for s in scans] if scans is not None else None)
+
+
+def plan_part(ref: StageRef, scans: list[Scan] | None, partition: Any) -> Any:
+    return ref.build().plan_partition([s.value for s in scans] if scans is not None else None, partition)
+
+
+def combine_stage(ref: StageRef, scans: list[Scan] | None, partials: list) -> Any:
+    return ref.build().combine([s.value for s in scans] if scans is not None else None, partials)
+
+
 def process_one(segment: Segment, shard: Shard, plans: list) -> list[ShardResult]:
     """One shard through a segment, in whatever process the task runs in (stages built here)."""
     stages = [ref.build() for ref in segment.refs]
@@ -324,7 +336,10 @@ class InProcess:
         return self.map_fn(lambda s: scan_shard(ref, s), shards)
 
     def plan(self, ref: StageRef, scans: list[Scan] | None) -> Any:
-        return plan_stage(ref, scans)
+        parts = plan_partitions(ref, scans)
+        if parts is None:
+            return plan_stage(ref, scans)
+        return combine_stage(ref, scans, self.map_fn(lambda p: plan_part(ref, scans, p), parts))
 
     def process(self, segment: Segment, shards: list[Shard], plans: list,
                 progress: Progress = NO_PROGRESS) -> list[list[ShardResult]]:

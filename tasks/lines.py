@@ -9,8 +9,9 @@ the removed lines in the text the stage read).
 
 A global stage on the stage contract, out of core:
     scan     per shard: the distinct line hashes of each document, counted (one sorted .npy pair)
-    plan     per hash range (partition): add the shards' counts and the persistent index's, keep the
-             hashes above the limit (`frequent-<p>.npy`); memory is one partition, whatever the run
+    plan     per hash range (partition, in parallel: quipu.tasks.partitions): add the shards' counts
+             and the persistent index's, keep the hashes above the limit (`frequent-<p>.npy`);
+             memory is one partition, whatever the run; a combine lists the partitions
     process  per shard: look every line up in the frequent hashes (memory-mapped)
     commit   this run's counts become one generation of the dataset's line index
 Time is linear in lines; memory is a shard's distinct lines (scan), `partition_rows` (plan) and
@@ -18,7 +19,6 @@ the pages of the frequent set a batch touches (process); disk is 12 bytes per di
 """
 from __future__ import annotations
 
-import math
 import re
 import shutil
 from functools import lru_cache
@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
-from quipu.tasks.dedup_index import save_npy
+from quipu.tasks.partitions import bounds, key_range, n_partitions, save_npy
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, snippet, split_by_mask
 from quipu.tasks.urls import host_of
@@ -100,12 +100,11 @@ class Counts(BaseModel):
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return (np.load(self.prefix + ".hash.npy", mmap_mode="r"), np.load(self.prefix + ".count.npy", mmap_mode="r"))
 
-    def slice(self, lo: int, hi: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """The entries with lo <= hash < hi (hi None: to the end), read from disk."""
+    def slice(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The entries with lo <= hash < hi (hi may be 2^64), read from disk."""
         h, c = self.arrays()
-        a = int(np.searchsorted(h, np.uint64(lo)))
-        b = len(h) if hi is None else int(np.searchsorted(h, np.uint64(hi)))
-        return np.array(h[a:b]), np.array(c[a:b])
+        s = key_range(h, lo, hi)
+        return np.array(h[s]), np.array(c[s])
 
     def sha256(self) -> str:
         return sha256_json([sha256_file(self.prefix + ".hash.npy"), sha256_file(self.prefix + ".count.npy")])
@@ -234,38 +233,45 @@ class LineDedup(Stage):
         counts = Counts.write(self.layout.scratch("_counts") / shard.name, h, c)
         return {"counts": counts.model_dump(), "docs": docs}
 
-    # ---- plan: add up per hash range, keep what is above the limit
-    def plan(self, scans: list | None) -> LinePlan:
-        cfg = self.config
-        mine = [Counts(**s["counts"]) for s in scans or []]
+    # ---- plan, per hash range in parallel: add up, keep what is above the limit; then combine
+    def _counts(self, scans: list | None) -> tuple[list[Counts], list[Counts]]:
         idx = self.index()
-        earlier = idx.visible(self.context.run_dir) if idx is not None else []
-        total = sum(c.rows for c in mine + earlier)
-        n_parts = max(1, math.ceil(total / cfg.partition_rows))
-        bounds = [(p << 64) // n_parts for p in range(n_parts)] + [1 << 64]
+        return [Counts(**s["counts"]) for s in scans or []], (idx.visible(self.context.run_dir) if idx is not None else [])
+
+    def plan_partitions(self, scans: list | None) -> list[dict]:
+        mine, earlier = self._counts(scans)
+        n_parts = n_partitions(sum(c.rows for c in mine + earlier), self.config.partition_rows)
+        edges = bounds(n_parts)
+        return [{"p": p, "lo": edges[p], "hi": edges[p + 1]} for p in range(n_parts)]
+
+    def plan_partition(self, scans: list | None, part: dict) -> dict:
+        cfg = self.config
+        mine, earlier = self._counts(scans)
+        own = [c.slice(part["lo"], part["hi"]) for c in mine]
+        run_h, run_c = add_up([h for h, _ in own], [c for _, c in own])
+        old = [c.slice(part["lo"], part["hi"]) for c in earlier]
+        all_h, all_c = add_up([run_h] + [h for h, _ in old], [run_c] + [c for _, c in old])
+        keep = all_c > cfg.max_line_count
+        freq_h, freq_c = all_h[keep], all_c[keep]
         out = self.layout.scratch("_plan")
-        frequent, run_counts, top = [], [], []
-        lines = n_frequent = 0
-        for p in range(n_parts):
-            lo, hi = bounds[p], (bounds[p + 1] if p + 1 < n_parts else None)
-            own = [c.slice(lo, hi) for c in mine]
-            run_h, run_c = add_up([h for h, _ in own], [c for _, c in own])
-            old = [c.slice(lo, hi) for c in earlier]
-            all_h, all_c = add_up([run_h] + [h for h, _ in old], [run_c] + [c for _, c in old])
-            keep = all_c > cfg.max_line_count
-            freq_h, freq_c = all_h[keep], all_c[keep]
-            frequent.append(Counts.write(out / f"frequent-{p:04d}", freq_h, freq_c))
-            run_counts.append(Counts.write(out / f"run-{p:04d}", run_h, run_c))
-            lines += len(run_h)
-            n_frequent += len(freq_h)
-            if len(freq_c):
-                k = min(TOP_LINES, len(freq_c))
-                best = np.argpartition(-freq_c.astype(np.int64), k - 1)[:k]
-                top += [(int(freq_c[i]), int(freq_h[i])) for i in best]
-        top = sorted(top, key=lambda x: (-x[0], x[1]))[:TOP_LINES]
-        fp = sha256_json({"frequent": [c.sha256() for c in frequent], "limit": cfg.max_line_count})
-        return LinePlan(frequent=frequent, bounds=bounds[:-1], run_counts=run_counts, fingerprint=fp,
-                        lines=lines, frequent_lines=n_frequent, index_generations=len(earlier),
+        top = []
+        if len(freq_c):
+            k = min(TOP_LINES, len(freq_c))
+            best = np.argpartition(-freq_c.astype(np.int64), k - 1)[:k]
+            top = [(int(freq_c[i]), int(freq_h[i])) for i in best]
+        return {"frequent": Counts.write(out / f"frequent-{part['p']:04d}", freq_h, freq_c).model_dump(),
+                "run": Counts.write(out / f"run-{part['p']:04d}", run_h, run_c).model_dump(),
+                "lo": part["lo"], "lines": len(run_h), "frequent_lines": len(freq_h), "top": top,
+                "index_generations": len(earlier)}
+
+    def combine(self, scans: list | None, partials: list[dict]) -> LinePlan:
+        frequent = [Counts(**p["frequent"]) for p in partials]
+        top = sorted((tuple(t) for p in partials for t in p["top"]), key=lambda x: (-x[0], x[1]))[:TOP_LINES]
+        fp = sha256_json({"frequent": [c.sha256() for c in frequent], "limit": self.config.max_line_count})
+        return LinePlan(frequent=frequent, bounds=[p["lo"] for p in partials],
+                        run_counts=[Counts(**p["run"]) for p in partials], fingerprint=fp,
+                        lines=sum(p["lines"] for p in partials), frequent_lines=sum(p["frequent_lines"] for p in partials),
+                        index_generations=partials[0]["index_generations"] if partials else 0,
                         top={f"{h:016x}": n for n, h in top})
 
     def fingerprint(self, shard_plan: LinePlan) -> dict:

@@ -78,7 +78,7 @@ def tokenize(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
     with leading and trailing punctuation/symbols stripped; tokens left empty are dropped."""
     parts = pc.utf8_split_whitespace(pc.utf8_lower(texts))
     flat = pc.utf8_trim(pc.list_flatten(parts), characters=_punctuation())
-    keep = pc.greater(pc.utf8_length(flat), 0)
+    keep = pc.greater(pc.binary_length(flat), 0)
     parent = pc.list_parent_indices(parts).to_numpy(zero_copy_only=False)
     lengths = np.bincount(parent[keep.to_numpy(zero_copy_only=False)], minlength=len(texts)).astype(np.int64)
     return flat.filter(keep), lengths
@@ -183,3 +183,25 @@ class MinHasher:
         return v
 
 
+
+
+# Odd 64-bit multipliers per row of a band (fixed: part of BAND_HASH).
+_ROW_MULT = np.random.RandomState(20261125).randint(0, 2**62, size=1024, dtype=np.uint64) * _U64(2) + _U64(1)
+# Per-band salts (fixed: part of BAND_HASH), so equal values in different bands hash apart.
+_BAND_SALT = np.random.RandomState(20261126).randint(0, 2**62, size=1024, dtype=np.uint64)
+BAND_HASH = "rows-lin64-band-fmix64/v1"    # stored in the index: changing it breaks old indexes
+
+
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(documents, bands) uint64: one hash per LSH band of each signature. Two documents share a
+    bucket when a band's `rows` MinHash values are all equal (as datasketch's `MinHashLSH`); the
+    band number is mixed in, so equal values in different bands never meet. A 64-bit collision
+    only adds a candidate that verification rejects."""
+    docs = sigs.shape[0]
+    out = np.empty((docs, bands), dtype=np.uint64)
+    mult = _ROW_MULT[:rows]
+    for b in range(bands):
+        block = sigs[:, b * rows:(b + 1) * rows].astype(np.uint64)
+        h = (block * mult).sum(axis=1, dtype=np.uint64) ^ _BAND_SALT[b]
+        out[:, b] = _fmix64(h)
+    return out

@@ -8,6 +8,9 @@ its phases in this order:
     check()                      load models, indexes: fail before any document is read
     scan(shard)      per shard   optional (`needs_scan`: a global stage): signatures, scores
     plan(scans)      once        optional: dedup clusters, per-language cut-offs
+      or, partitioned (`plan_partitions(scans)` returns a list):
+      plan_partition(scans, part)   per partition, in parallel (e.g. a hash range of dedup's buckets)
+      combine(scans, partials)      once, cheap: the plan from the partitions' results
     plan_for(shard, plan)        the part of the plan one shard needs (default: the plan)
     process(batch, shard_plan)   per batch of a shard: kept / removed with reasons, stats
     commit(scans, plan)          once, after every shard's output is written (e.g. the dedup index)
@@ -188,6 +191,17 @@ class Stage:
 
     def plan(self, scans: list | None) -> Any:
         return None
+
+    def plan_partitions(self, scans: list | None) -> list | None:
+        """A partitioned plan: small picklable descriptions of the parts `plan_partition` plans
+        independently (in parallel tasks) before `combine`; None: one `plan` call."""
+        return None
+
+    def plan_partition(self, scans: list | None, partition: Any) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def combine(self, scans: list | None, partials: list) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
 
     def plan_for(self, shard: Shard, plan: Any) -> Any:
         return plan

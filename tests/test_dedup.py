@@ -381,6 +381,69 @@ def test_quality_policy_keeps_best_and_output_is_deterministic(shared_data, tmp_
             assert f.read_bytes() == (tmp_path / "r2" / "dedup" / sub / f.name).read_bytes()
 
 
+# ---- the partitioned plan --------------------------------------------------------------------
+
+def test_partitions_and_cap_do_not_change_decisions_and_dup_count_sums(shared_data, tmp_path):
+    """However the hash space is split, the same documents are removed for the same twins; every
+    kept row carries the size of its cluster."""
+    rng = random.Random(11)
+    docs = load_docs(shared_data, per_file=30)
+    vocab = [w for d in docs for w in d["text"].split()]
+    rows = [dict(d) for d in docs]
+    rows += [{"id": f"{d['id']}#n{c}", "text": perturb(d["text"], 0.01, rng, vocab)} for d in docs[:40] for c in range(3)]
+    rows += [{"id": f"{d['id']}#x{c}", "text": d["text"]} for d in docs[40:50] for c in range(4)]
+    rng.shuffle(rows)
+    shards = write_shards(rows, tmp_path / "in", 3)
+    outputs = []
+    for i, kw in enumerate([{"partitions": 1}, {"partitions": 7}, {"partition_rows": 1000}]):
+        _, report = dedup_local(shards, str(tmp_path / f"r{i}"), cfg_for(tmp_path, "none", f"p{i}", **kw))
+        outputs.append([f.read_bytes() for sub in ("kept", "removed")
+                        for f in sorted((tmp_path / f"r{i}" / "dedup" / sub).glob("*.parquet"))])
+        parts = report["stats"]["dedup"]["plan_partitions"]
+        assert parts == kw["partitions"] if "partitions" in kw else parts >= 5    # 18 bands x ~390 docs / 1000
+    assert outputs[0] == outputs[1] == outputs[2]
+    kept = pq.read_table(tmp_path / "r0" / "dedup" / "kept", columns=["id", "dup_count"]).to_pylist()
+    removed = removed_rows(tmp_path / "r0")
+    assert len(kept) + len(removed) == len(rows) and len(removed) >= 140
+    assert sum(k["dup_count"] - 1 for k in kept) == len(removed)
+    size = {k["id"]: k["dup_count"] for k in kept}
+    for d in docs[40:50]:   # the original and its four exact copies: one kept, counting five
+        group = [d["id"]] + [f"{d['id']}#x{c}" for c in range(4)]
+        assert sorted(size.get(i, 0) for i in group) == [0, 0, 0, 0, 5]
+    # a bucket cap of 1 (each document compared with the earliest other of a bucket only) still
+    # finds nearly all of these copies, which all resemble their original, and nothing else
+    _, report = dedup_local(shards, str(tmp_path / "cap"), cfg_for(tmp_path, "none", "cap", bucket_cap=1))
+    assert report["stats"]["dedup"]["partition_stats"]["buckets_over_cap"] > 0
+    capped, full = {r["id"] for r in removed_rows(tmp_path / "cap")}, {r["id"] for r in removed}
+    assert capped <= full and len(capped) >= 0.95 * len(full)
+
+
+def test_finds_every_pair_datasketch_lsh_finds(shared_data, tmp_path):
+    """datasketch's MinHashLSH with the same bands is the reference for candidates: every pair it
+    returns whose exact Jaccard reaches the threshold has a member removed as a duplicate."""
+    from datasketch import LeanMinHash, MinHashLSH
+    rng = random.Random(13)
+    docs = load_docs(shared_data, per_file=60)
+    vocab = [w for d in docs for w in d["text"].split()]
+    rows = [dict(d) for d in docs]
+    rows += [{"id": f"{d['id']}#n", "text": perturb(d["text"], rng.uniform(0.002, 0.04), rng, vocab)} for d in docs[:150]]
+    rng.shuffle(rows)
+    cfg = cfg_for(tmp_path, "none", "ds")
+    dedup_local(write_shards(rows, tmp_path / "in", 2), str(tmp_path / "run"), cfg)
+    h = MinHasher(cfg.ngram, cfg.num_perm, cfg.seed)
+    sigs = h.signatures(*h.shingle_hashes(pa.array([r["text"] for r in rows])))
+    lsh = MinHashLSH(num_perm=cfg.num_perm, params=cfg.lsh_params())
+    for i, s in enumerate(sigs):
+        lsh.insert(i, LeanMinHash(seed=cfg.seed, hashvalues=s, scheme="affine32"))
+    sets = shingle_sets([r["text"] for r in rows])
+    pairs = {(min(i, j), max(i, j)) for i, s in enumerate(sigs)
+             for j in lsh.query(LeanMinHash(seed=cfg.seed, hashvalues=s, scheme="affine32")) if i != j}
+    similar = [(i, j) for i, j in pairs if jaccard(sets[i], sets[j]) >= cfg.threshold]
+    removed = {r["id"] for r in removed_rows(tmp_path / "run")}
+    assert len(similar) >= 100
+    assert all(rows[i]["id"] in removed or rows[j]["id"] in removed for i, j in similar)
+
+
 # ---- inside the curate flow -------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -402,7 +465,8 @@ def test_curate_flow_runs_dedup_stage(shared_data, tmp_path, prefect_server):
     report = json.loads((tmp_path / "out" / "dedup" / "report.json").read_text())
     assert report["removed_by_reason"].get("near_dup", 0) >= 45 and report["removed_by_reason"].get("exact_dup", 0) >= 10
     d = report["stats"]["dedup"]
-    assert d["index"]["disk_bytes"] > 0 and d["index"]["memory_bytes"] > 0 and len(d["examples"]) == 3
+    assert d["index"]["disk_bytes"] > 0 and d["largest_partition_bytes"] > 0 and len(d["examples"]) == 3
+    assert d["plan_partitions"] >= 2
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert [s["name"] for s in run["stages"]][-1] == "dedup"
     assert run["curated"]["rows"] == report["kept_docs"]

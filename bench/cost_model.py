@@ -1,0 +1,144 @@
+r"""Cost model: wall time, disk and peak memory of a curate run at 10M and 100M documents on N
+worker cores, projected from the per-stage costs `bench/million_docs.py` measured (and the
+perplexity student's throughput from bench/RESULTS.md). Everything it prints is a PROJECTION.
+
+Model (each assumption is printed with the table):
+- a per-document stage costs `core-seconds per document` measured here (the run's CPU seconds split
+  over its stages by their share of task time, since the machine was shared); it runs on all N
+  cores at once (shards and plan partitions are independent tasks: at 100M documents there are
+  thousands of each), so its wall time is documents x cost / N;
+- dedup's combine and commit are single tasks: their time grows with the documents (measured per
+  document at the largest size, as CPU time: wall time x the share of a core the run got) and does
+  not shrink with N;
+- memory per worker is what one worker process held at the largest measured size (a shard, a plan
+  partition: both bounded by configuration, not by the run); the combine's memory grows with the
+  duplicates it decides (bytes per removed document, stated below);
+- disk is the bytes written per document at the largest size (run folder + dedup index), times the
+  documents; the input is not counted.
+
+    .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
+        [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 118 --ppl-cores 2] [--append bench/RESULTS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+COMBINE_BYTES_PER_REMOVED = 400      # Python dict entries of the combine: group, decision, twin id (estimate)
+GPU_EFFECTIVE_FLOPS = 100e12         # H100 bf16 at ~10% of peak for a 2-layer student: an assumption
+STUDENT_FLOP_PARAMS = 7.2e6          # the student's trained body (2 decoder layers + head), bench/RESULTS.md
+STUDENT_TOKENS = 256
+TOKENIZER_TOKENS_PER_CORE_S = 290_000   # HF tokenizers encode_batch, ~580k tokens/s on 2 threads here
+
+
+def per_doc_costs(measured: dict) -> dict:
+    rows = measured["rows"]
+    curate = max((r for r in rows if r["what"].startswith("curate (extract")), key=lambda r: r["n"])
+    dedup = max((r for r in rows if r["what"] == "dedup stage alone"), key=lambda r: r["n"])
+    full = next((r for r in rows if r["what"].startswith("curate, default stages")), None)
+    out: dict[str, dict] = {}
+    # extract + dedup: the curate run's CPU seconds split by the stages' task seconds
+    task_s = sum(v["seconds"] for v in curate["stages"].values())
+    for name, v in curate["stages"].items():
+        out[name] = {"core_s_per_doc": curate["cpu_seconds"] * v["seconds"] / task_s / curate["n"],
+                     "measured_at": curate["n"], "docs_in_share": v["input_docs"] / curate["n"]}
+    # dedup's serial parts (combine, commit), from the dedup-alone run at its largest size: their
+    # wall seconds times the share of a core the run got on the shared machine (its CPU / wall)
+    ph = dedup["phases"]
+    share = dedup["cpu_seconds"] / dedup["seconds"]
+    out["dedup"]["serial_s_per_doc"] = (ph["combine"] + ph["commit"]) * share / dedup["n"]
+    out["dedup"]["removed_share"] = (dedup["exact_dup"] + dedup["near_dup"]) / dedup["n"]
+    # the other default stages, from the sample run (same split of its CPU seconds)
+    if full:
+        task_s = sum(v["seconds"] for v in full["stages"].values())
+        for name, v in full["stages"].items():
+            if name in out:
+                continue
+            out[name] = {"core_s_per_doc": full["cpu_seconds"] * v["seconds"] / task_s / max(v["input_docs"], 1),
+                         "measured_at": full["n"], "docs_in_share": v["input_docs"] / full["n"]}
+    return {"stages": out, "curate": curate, "dedup": dedup}
+
+
+def project(costs: dict, docs: int, cores: int, ppl_core_s: float) -> dict:
+    stages = {}
+    for name, c in costs["stages"].items():
+        n = docs * c["docs_in_share"]
+        wall = n * c["core_s_per_doc"] / cores + n * c.get("serial_s_per_doc", 0.0)
+        stages[name] = wall
+    stages["perplexity (student, CPU)"] = docs * 0.6 * ppl_core_s / cores   # ~60% of documents reach it
+    curate = costs["curate"]
+    disk = docs * curate["disk_bytes"] / curate["n"]
+    worker_mem = curate["peak_rss"]          # one process held extract + dedup of the largest run
+    combine_mem = docs * costs["stages"]["dedup"]["removed_share"] * COMBINE_BYTES_PER_REMOVED
+    bound = max(stages, key=stages.get)
+    return {"stages": stages, "total": sum(stages.values()), "bound": bound, "disk": disk,
+            "worker_mem": worker_mem, "combine_mem": combine_mem}
+
+
+def hours(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:,.1f} h"
+    return f"{s / 60:,.0f} min" if s >= 60 else f"{s:,.0f} s"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--measured", type=Path, required=True, help="million-results.json of bench/million_docs.py")
+    ap.add_argument("--cores", default="16,64,256")
+    ap.add_argument("--docs", default="10000000,100000000")
+    ap.add_argument("--ppl-docs-per-s", type=float, default=118.0, help="student docs/s on one machine (bench/RESULTS.md)")
+    ap.add_argument("--ppl-cores", type=int, default=2, help="cores of that machine")
+    ap.add_argument("--append", type=Path)
+    args = ap.parse_args()
+    measured = json.loads(args.measured.read_text())
+    costs = per_doc_costs(measured)
+    ppl_core_s = args.ppl_cores / args.ppl_docs_per_s
+    cores = [int(x) for x in args.cores.split(",")]
+    sizes = [int(x) for x in args.docs.split(",")]
+    lines = [f"## Cost model: 10M and 100M documents (`bench/cost_model.py`), PROJECTION, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             f"Command: `python bench/cost_model.py --measured {args.measured} --cores {args.cores} --docs {args.docs} "
+             f"--ppl-docs-per-s {args.ppl_docs_per_s:g} --ppl-cores {args.ppl_cores}`", "",
+             "**Every figure in this section is a projection** from the costs measured by `bench/million_docs.py` "
+             f"({measured['command']}; machine `{measured['uptime']}`), not a run at these sizes.", "",
+             "Measured per-document costs (core-seconds; the run's CPU seconds split over its stages by task time):", ""]
+    for name, c in costs["stages"].items():
+        extra = f", serial {c['serial_s_per_doc'] * 1e6:.1f} µs/doc (combine + commit)" if "serial_s_per_doc" in c else ""
+        lines.append(f"- {name}: {c['core_s_per_doc'] * 1e3:.3f} ms/doc ({1 / c['core_s_per_doc']:,.0f} docs per core-second), "
+                     f"measured at {c['measured_at']:,} docs, {c['docs_in_share']:.0%} of the documents reach it{extra}")
+    lines.append(f"- perplexity student: {args.ppl_docs_per_s:g} docs/s on {args.ppl_cores} cores (bench/RESULTS.md, "
+                 f"Perplexity) = {1 / ppl_core_s:,.0f} docs per core-second; assumed to see 60% of the documents")
+    lines.append("")
+    for d in sizes:
+        lines += [f"**{d:,} documents** (projection)", "",
+                  "| stage | " + " | ".join(f"{n} cores" for n in cores) + " |",
+                  "|---|" + "---:|" * len(cores)]
+        projs = [project(costs, d, n, ppl_core_s) for n in cores]
+        for name in projs[0]["stages"]:
+            lines.append(f"| {name} | " + " | ".join(hours(p["stages"][name]) for p in projs) + " |")
+        lines.append("| **total (stages one after another)** | " + " | ".join(f"**{hours(p['total'])}**" for p in projs) + " |")
+        lines.append("| bounding stage | " + " | ".join(p["bound"] for p in projs) + " |")
+        p = projs[0]
+        lines += ["", f"Disk written: {p['disk'] / 1e12:,.2f} TB (run folder + dedup index, {costs['curate']['disk_bytes'] / costs['curate']['n']:,.0f} "
+                  f"bytes/doc measured for extract + dedup; other stages' outputs add theirs). Peak memory: "
+                  f"{p['worker_mem'] / 2**30:.1f} GiB per worker process (bounded by shard size and `partition_rows`, "
+                  f"not by the run), and {p['combine_mem'] / 2**30:.1f} GiB in dedup's combine task "
+                  f"({COMBINE_BYTES_PER_REMOVED} bytes per removed document, {costs['stages']['dedup']['removed_share']:.0%} removed).", ""]
+    tok_docs_core = TOKENIZER_TOKENS_PER_CORE_S / STUDENT_TOKENS
+    gpu_docs = GPU_EFFECTIVE_FLOPS / (2 * STUDENT_FLOP_PARAMS * STUDENT_TOKENS)
+    lines += [f"**A GPU (projection, not measured: this machine has none).** The student's body is ~{STUDENT_FLOP_PARAMS / 1e6:.1f}M "
+              f"parameters over {STUDENT_TOKENS} tokens: ~{2 * STUDENT_FLOP_PARAMS * STUDENT_TOKENS / 1e9:.1f} GFLOP per document, so "
+              f"one H100 at an assumed {GPU_EFFECTIVE_FLOPS / 1e12:.0f} TFLOP/s effective would score ~{gpu_docs:,.0f} docs/s; tokenising "
+              f"(~{tok_docs_core:,.0f} docs per core-second) then bounds it, so a GPU machine with 16 cores feeds it "
+              f"~{16 * tok_docs_core:,.0f} docs/s: 100M documents in ~{1e8 * 0.6 / (16 * tok_docs_core) / 3600:.1f} h on one GPU "
+              f"instead of the CPU figure above. Perplexity stops being the bound; the CPU stages (heuristics first) remain.", ""]
+    md = "\n".join(lines) + "\n"
+    print(md)
+    if args.append:
+        with open(args.append, "a") as fh:
+            fh.write("\n" + md)
+
+
+if __name__ == "__main__":
+    main()
