@@ -15,7 +15,7 @@ import sys
 
 from quipu.catalog.errors import UserError
 from quipu.demo import run as demo
-from quipu.flows import benchmarks_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows import ablate_cli, benchmarks_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
 # the default 20 s to start on two cores, and telemetry has no network to reach.
@@ -35,6 +35,7 @@ COMMANDS = [
     (ppl_cli, "ppl label|distill|eval, kenlm train"),
     (benchmarks_cli, "benchmarks ls|check"),
     (train_cli, "train, plan, export"),
+    (ablate_cli, "ablate"),
     (demo, "demo"),
 ]
 
