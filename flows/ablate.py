@@ -84,7 +84,7 @@ class BudgetConfig(BaseModel):
     minutes: float | None = Field(None, gt=0, description="wall-clock budget of the whole ablation; sizes model and tokens "
                                                           "(6ND, Chinchilla D = 20 N); null: `train` as given")
     device_flops: float | None = Field(None, gt=0, description="sustained training FLOP/s of this machine (null: measured)")
-    train_share: float = Field(0.8, gt=0, le=1, description="share of the time left after curation given to training steps "
+    train_share: float = Field(0.7, gt=0, le=1, description="share of the time left after curation given to training steps "
                                                            "(the rest: tokenizing, export, evaluation)")
 
 
@@ -310,7 +310,7 @@ NOT_IDENTITY = ("workers",)
 
 
 def owned_entries(config: AblateConfig) -> list[str]:
-    return ["curate", "tokenizer", *[v.name for v in config.variants], "ablate.json", "ablate.md", "ablate.png"]
+    return ["curate", "tokenizer", *[v.name for v in config.variants], "budget.json", "ablate.json", "ablate.md", "ablate.png"]
 
 
 @flow(name="ablate", log_prints=True, persist_result=False)
@@ -377,11 +377,16 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
     # 4. model and tokens from the budget, the same for every run
     sizing = None
     if config.budget.minutes:
-        left = config.budget.minutes * 60 - (time.monotonic() - t_start)
-        if left <= 0:
-            raise UserError(f"budget: {config.budget.minutes:g} minutes are spent before training starts "
-                            f"(curation took {timings['curate']:.0f} s); raise --budget")
-        sizing = size_runs(config, left, tok.vocab_size, log)
+        sized = out / "budget.json"     # sized once: a resumed ablation must train the model it started
+        if sized.exists():
+            sizing = read_json(sized)
+        else:
+            left = config.budget.minutes * 60 - (time.monotonic() - t_start)
+            if left <= 0:
+                raise UserError(f"budget: {config.budget.minutes:g} minutes are spent before training starts "
+                                f"(curation took {timings['curate']:.0f} s); raise --budget")
+            sizing = size_runs(config, left, tok.vocab_size, log)
+            write_json_atomic(sized, sizing)
 
     # 5. train and score every (variant, seed)
     runs = []
