@@ -33,6 +33,8 @@ def load_ablate_config(args):
         missing = [v for v in wanted if v not in known]
         if missing:
             raise UserError(f"--variants: no variant named {missing[0]!r} in {args.config} (variants: {', '.join(known)})")
+        if len(wanted) < 2:
+            raise UserError("--variants: name at least two variants to compare")
         config = AblateConfig.model_validate(config.model_dump() | {"variants": [v for v in config.model_dump()["variants"]
                                                                                   if v["name"] in wanted]})
     return config
