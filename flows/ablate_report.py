@@ -4,7 +4,9 @@ epochs, held-out BPB mean ± std over seeds per language and per source, differe
 `OUT/ablate.md`, the plot `OUT/ablate.png` and the Prefect artifact `ablate-results`.
 
 A difference is called significant when it exceeds twice the seed standard deviation (the two
-variants' standard deviations pooled); with one seed there is no spread to compare against.
+variants' standard deviations pooled); with one seed there is no spread to compare against. Runs of
+two variants with the same seed start from the same weights, so the per-seed differences are also
+reported (`paired_std`, `significant_paired`: mean beyond twice their std, `same_sign_seeds`).
 """
 from __future__ import annotations
 
@@ -18,18 +20,30 @@ from quipu.catalog.files import atomic_path
 BASELINES = ("raw", "full")
 
 
-def mean_std(xs: list[float]) -> dict:
+def mean_std(xs: list[float], seeds: list[int]) -> dict:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else None, "n": len(xs),
-            "values": xs}
+            "values": xs, "seeds": seeds}
 
 
 def compare(a: dict, b: dict) -> dict:
-    """a - b (BPB: negative is better) with the pooled seed std and whether it exceeds twice that."""
+    """a - b (BPB: negative is better) with the pooled seed std and whether it exceeds twice that;
+    and, since runs with the same seed start from the same weights, the per-seed (paired)
+    differences: their std, whether their mean exceeds twice that, and how many agree in sign."""
     delta = a["mean"] - b["mean"]
+    out = {"delta": delta, "pooled_std": None, "significant": None,
+           "paired_std": None, "significant_paired": None, "same_sign_seeds": None}
     if a["std"] is None or b["std"] is None:
-        return {"delta": delta, "pooled_std": None, "significant": None}
+        return out
     pooled = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
-    return {"delta": delta, "pooled_std": pooled, "significant": abs(delta) > 2 * pooled}
+    out.update(pooled_std=pooled, significant=abs(delta) > 2 * pooled)
+    pa, pb = dict(zip(a["seeds"], a["values"])), dict(zip(b["seeds"], b["values"]))
+    diffs = [pa[s] - pb[s] for s in pa if s in pb]
+    if len(diffs) > 1:
+        sd = statistics.stdev(diffs)
+        mean = statistics.fmean(diffs)
+        out.update(paired_std=sd, significant_paired=abs(mean) > 2 * sd,
+                   same_sign_seeds=f"{sum((d < 0) == (mean < 0) for d in diffs)}/{len(diffs)}")
+    return out
 
 
 def build_results(config, out: Path, variants: dict, runs: list[dict], heldout, tree, sizing, timings: dict, tok,
@@ -38,17 +52,18 @@ def build_results(config, out: Path, variants: dict, runs: list[dict], heldout, 
     for name, info in variants.items():
         rs = [r for r in runs if r["variant"] == name]
         blend = rs[0]["blend"][0] if rs[0]["blend"] else {}
-        bpb: dict[str, dict] = {"all": mean_std([r["bpb"]["all"]["bpb"] for r in rs])}
+        seeds = [r["seed"] for r in rs]
+        bpb: dict[str, dict] = {"all": mean_std([r["bpb"]["all"]["bpb"] for r in rs], seeds)}
         for group in ("by_lang", "by_source"):
             keys = sorted(rs[0]["bpb"][group])
-            bpb[group] = {k: mean_std([r["bpb"][group][k]["bpb"] for r in rs]) for k in keys}
+            bpb[group] = {k: mean_std([r["bpb"][group][k]["bpb"] for r in rs], seeds) for k in keys}
         available = blend.get("available_tokens")
         table[name] = {
             "stages": info["stages"], "dataset": info["dataset"], "documents": info["documents"],
             "curated_bytes": info["bytes"], "available_tokens": available, "tokens_seen": rs[0]["tokens_seen"],
             "epochs": round(rs[0]["tokens_seen"] / available, 3) if available else None,
             "bpb": bpb, "seeds": [r["seed"] for r in rs],
-            "final_train_loss": mean_std([r["summary"]["final_loss"] for r in rs]),
+            "final_train_loss": mean_std([r["summary"]["final_loss"] for r in rs], seeds),
             "train_seconds": [r["summary"].get("train_seconds") for r in rs], "funnel": info["funnel"]}
     for name, row in table.items():
         row["vs"] = {}
@@ -119,7 +134,7 @@ def _pm(s: dict) -> str:
 def _delta(c: dict | None) -> str:
     if c is None:
         return ""
-    mark = "" if c["significant"] is None else (" *" if c["significant"] else " ~")
+    mark = "" if c["significant"] is None else (" *" if c["significant"] else " †" if c["significant_paired"] else " ~")
     return f"{c['delta']:+.4f}{mark}"
 
 
@@ -131,7 +146,8 @@ def format_markdown(result: dict) -> str:
              f"{len(result['variants'])} variants x {len(result['seeds'])} seeds; model {result['params']:,} parameters "
              f"({result['model']['dim']} dim, {result['model']['n_layers']} layers); every run saw "
              f"{result['invariants']['tokens_seen'][0]:,} tokens. Held-out bits per byte, lower is better; "
-             "Δ = variant − baseline; `*` beyond twice the pooled seed std, `~` within it.", "",
+             "Δ = variant − baseline; `*` beyond twice the pooled seed std; `†` within it, but the per-seed "
+             "differences (same seed: same initial weights) are beyond twice their own std; `~` neither.", "",
              "| variant | stages | docs | unique tokens | epochs | BPB all | " + " | ".join(f"BPB {x}" for x in langs)
              + " | Δ raw (" + "/".join(langs) + ") | Δ full (" + "/".join(langs) + ") |",
              "|---" * (8 + len(langs)) + "|"]

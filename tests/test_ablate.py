@@ -147,3 +147,15 @@ def test_bad_config_fails_before_work(shared_data, tmp_path, override, message):
     finally:
         os.chdir(cwd)
     assert not any(tmp_path.iterdir())
+
+
+def test_compare_pooled_and_per_seed():
+    from quipu.flows.ablate_report import compare, mean_std
+    seeds = [0, 1, 2, 3]
+    base = [3.00, 3.10, 3.20, 3.05]
+    better = [b - 0.05 + d for b, d in zip(base, [0.005, -0.005, 0.004, -0.004])]   # same seed-to-seed spread
+    c = compare(mean_std(better, seeds), mean_std(base, seeds))
+    assert c["delta"] == pytest.approx(-0.05)
+    assert not c["significant"]                       # within twice the pooled seed std (~0.09)...
+    assert c["significant_paired"] and c["same_sign_seeds"] == "4/4"   # ...but every seed improves
+    assert compare(mean_std([3.0], [0]), mean_std([3.1], [0]))["significant"] is None   # one seed: no spread
