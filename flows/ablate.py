@@ -90,7 +90,7 @@ class BudgetConfig(BaseModel):
 
 class AblateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field("ablation", pattern=SAFE_VARIANT, description="names the catalog datasets ablate-<name>-<variant>")
+    name: str = Field("ablation", pattern=SAFE_VARIANT, description="names the catalog datasets ablate-<name>-<output hash>-<variant>")
     output: str = "runs/ablate"
     raw_mix: RawMixConfig | None = Field(None, description="build a raw mix from real text files (demo/ablate_mix.py) and add it to the input")
     input: list[str] = Field(default_factory=list, description="raw input: paths, globs or URLs, as for curate")
@@ -351,7 +351,9 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
     for v in config.variants:
         shards, funnel = tree.curate(v.name, curate_cfgs[v.name])
         curated = write_curated_task(shards, str(out / v.name / "curated"), curate_cfgs[v.name].curated)
-        dataset = f"ablate-{config.name}-{v.name}"
+        # one name per ablation output: a catalog name is the union of its versions, and two ablations
+        # (or two outputs of one config) must never train on each other's curated data
+        dataset = f"ablate-{config.name}-{sha256_json(str(out))[:8]}-{v.name}"
         registry.register_dataset(dataset, "curated", str(out / v.name / "curated"), run_id,
                                   [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in curated],
                                   info={"ablation": config.name, "variant": v.name, "stages": enabled_stages(curate_cfgs[v.name])})
