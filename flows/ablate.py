@@ -436,7 +436,9 @@ def train_and_score(cfg, variant: str, seed: int, run_dir: Path, heldout, check_
 
     done = run_dir / "ablate-run.json"    # written once the run is trained and exported
     summary = read_json(done) if done.exists() else None
-    if summary is None or summary.get("step") != cfg.train.max_steps or not (run_dir / "hf").is_dir():
+    cfg_sha = sha256_json(cfg.model_dump(mode="json"))
+    if summary is None or summary.get("config_sha256") != cfg_sha or summary.get("step") != cfg.train.max_steps \
+            or not (run_dir / "hf").is_dir():
         t0 = time.monotonic()
         try:
             summary = tokenize_train(cfg, resume=True)
@@ -444,6 +446,7 @@ def train_and_score(cfg, variant: str, seed: int, run_dir: Path, heldout, check_
             raise UserError(f"variant {variant!r}, seed {seed}: {e}") from None
         summary = {k: summary.get(k) for k in ("step", "final_loss", "eval_loss", "params", "model", "metrics", "hf")}
         summary["train_seconds"] = round(time.monotonic() - t0, 1)
+        summary["config_sha256"] = cfg_sha
         write_json_atomic(done, summary)
     scores_path = run_dir / "bpb.json"
     ckpt = latest_checkpoint(run_dir)
