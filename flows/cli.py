@@ -15,7 +15,7 @@ import sys
 
 from quipu.catalog.errors import UserError
 from quipu.demo import run as demo
-from quipu.flows import benchmarks_cli, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows import ablate_cli, benchmarks_cli, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
 from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
@@ -36,6 +36,7 @@ COMMANDS = [
     (ppl_cli, "ppl label|distill|eval, kenlm train"),
     (benchmarks_cli, "benchmarks ls|check"),
     (train_cli, "train, plan, export"),
+    (ablate_cli, "ablate"),
     (demo, "demo"),
     (config_cli, "config show"),
 ]

@@ -118,6 +118,7 @@ CONFIG_MODELS = {
     "ppl": "quipu.flows.ppl:PplConfig",
     "kenlm": "quipu.flows.ppl:KenLMTrainConfig",
     "watch": "quipu.flows.watch:WatchConfig",
+    "ablate": "quipu.flows.ablate:AblateConfig",
 }
 
 

@@ -1,0 +1,161 @@
+"""`quipu ablate`: a tiny ablation end to end (2 variants, 1 seed), checked from its outputs: the runs
+differ only in their data, and the exported models' BPB computed here with transformers (its own
+loop, not trainer/bpb.py) matches the ablation's figures. Plus the budget arithmetic and the config
+errors that must stop an ablation before any work."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+DEMO = ROOT / "configs" / "ablate" / "demo.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_ablation(shared_data, prefect_server, tmp_path_factory) -> Path:
+    """`quipu ablate configs/ablate/demo.yaml`, in this process (the CLI's `main`), from the repository
+    root (the config's paths are relative to it)."""
+    from quipu.flows.cli import main
+    out = tmp_path_factory.mktemp("ablate") / "out"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(["ablate", str(DEMO), "--output", str(out), "--set", f"raw_mix.out={out.parent / 'mix'}"]) == 0
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def _train_config(run_dir: Path) -> dict:
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    return load_checkpoint(latest_checkpoint(run_dir))["config"]
+
+
+def test_variants_differ_only_by_data(tiny_ablation):
+    from quipu.catalog.files import sha256_file
+    out = tiny_ablation
+    result = json.loads((out / "ablate.json").read_text())
+    assert result["variants"] == ["raw", "full"]
+    runs = [out / v / "seed-0" for v in ("raw", "full")]
+    # one tokenizer: the same file in every run (its exports encode alike: the BPB test below)
+    assert len({sha256_file(r / "tokenizer" / "tokenizer.json") for r in runs}) == 1
+    assert len(set(result["invariants"]["tokenizer_sha256"])) == 1
+    # the same model and training config; only the data (and where the run writes) differ
+    cfgs = [_train_config(r) for r in runs]
+    for c in cfgs:
+        c["data"].pop("phases"), c["data"].pop("tokens_dir"), c.pop("output")
+    assert cfgs[0] == cfgs[1] and cfgs[0]["seed"] == 0
+    assert json.loads((runs[0] / "hf" / "config.json").read_text()) == json.loads((runs[1] / "hf" / "config.json").read_text())
+    # the same number of training tokens, seen to the end
+    tokens = [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()][-1]["tokens"] for r in runs]
+    assert tokens[0] == tokens[1] == cfgs[0]["train"]["max_steps"] * cfgs[0]["train"]["batch_size"] * cfgs[0]["data"]["seq_len"]
+    # ... and really different data: full curation removed documents that raw kept
+    t = result["table"]
+    assert t["full"]["documents"] < t["raw"]["documents"]
+    assert t["raw"]["stages"] == [] and "dedup" in t["full"]["stages"]
+    # extraction ran once, for both variants
+    assert result["curation"][0]["stage"] == "extract" and result["curation"][0]["variants"] == ["raw", "full"]
+    assert sum(n["stage"] == "extract" for n in result["curation"]) == 1
+    assert (out / "ablate.png").stat().st_size > 0 and "| raw |" in (out / "ablate.md").read_text()
+
+
+def _bpb_with_transformers(hf_dir: Path, docs: list[tuple[str, str]], seq_len: int) -> dict[str, float]:
+    """Bits per byte per language, computed here: one document at a time, BOS + text tokens, windows of
+    seq_len inputs, every text token scored."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    nll: dict[str, float] = {}
+    size: dict[str, int] = {}
+    with torch.no_grad():
+        for lang, text in docs:
+            ids = [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+            for s in range(0, len(ids) - 1, seq_len):
+                x = torch.tensor([ids[s:s + seq_len]])
+                y = torch.tensor(ids[s + 1:s + seq_len + 1])
+                logp = torch.log_softmax(model(input_ids=x).logits[0, :len(y)].double(), -1)
+                nll[lang] = nll.get(lang, 0.0) - float(logp[torch.arange(len(y)), y].sum())
+            size[lang] = size.get(lang, 0) + len(text.encode("utf-8"))
+    return {lang: nll[lang] / math.log(2) / size[lang] for lang in nll}
+
+
+def test_exported_models_bpb_matches_transformers(tiny_ablation):
+    out = tiny_ablation
+    result = json.loads((out / "ablate.json").read_text())
+    seq_len = result["train"]["data"]["seq_len"]
+    for run in result["runs"]:
+        scored = json.loads((Path(run["run_dir"]) / "bpb.json").read_text())["docs"]
+        texts = {}
+        from quipu.flows.ablate import AblateConfig
+        from quipu.flows.config import load_config
+        cfg = load_config(AblateConfig, DEMO)
+        from quipu.trainer.bpb import read_documents
+        for src in cfg.heldout.sources:
+            for rec in read_documents(src):
+                texts[(src.label(), str(rec["id"]))] = rec["text"]
+        docs = [(d["lang"], texts[(d["source"], d["id"])]) for d in scored]
+        ours = _bpb_with_transformers(Path(run["hf"]), docs, seq_len)
+        for lang, bpb in ours.items():
+            assert bpb == pytest.approx(run["bpb"]["by_lang"][lang]["bpb"], rel=1e-5), (run["variant"], lang)
+        assert set(ours) == {"en", "es", "pt"}
+
+
+# ---- fast checks, no training ------------------------------------------------------------------
+
+def test_budget_sizes_model_and_tokens_by_6nd():
+    from quipu.trainer.plan import SHAPES, chinchilla_optimal, model_params, size_for_budget
+    s = size_for_budget(600, 5e10, 4096)
+    n_opt, _ = chinchilla_optimal(600 * 5e10)
+    assert s["params"] <= n_opt
+    bigger = [x for x in SHAPES if model_params(x[0], x[1], 4096) > s["params"]][0]
+    assert model_params(bigger[0], bigger[1], 4096) > n_opt       # the largest shape that fits
+    assert 6 * s["params"] * s["tokens"] == pytest.approx(600 * 5e10)
+    assert size_for_budget(6000, 5e10, 4096)["params"] > s["params"]
+
+
+def test_budget_parsing():
+    from quipu.catalog.errors import UserError
+    from quipu.flows.ablate_cli import parse_minutes
+    assert parse_minutes("25m") == 25 and parse_minutes("1.5h") == 90 and parse_minutes("90s") == 1.5
+    with pytest.raises(UserError, match="--budget"):
+        parse_minutes("soon")
+
+
+@pytest.mark.parametrize("override, message", [
+    (["heldout.sources=[{path: ../shared/data/text/en_nltk_webtext.jsonl}]"], "held-out text must never come from the raw input"),
+    (["variants=[{name: raw, stages: [nope]}, {name: full}]"], "unknown stage"),
+    (["variants=[{name: raw, stages: []}, {name: full, set: [dedup.threshold=7]}]"], "variant 'full'"),
+    (["train.model.dim=-1"], "train: model.dim"),
+    (["train.output=x"], "train.output"),
+])
+def test_bad_config_fails_before_work(shared_data, tmp_path, override, message):
+    from quipu.catalog.errors import UserError
+    from quipu.flows.ablate import AblateConfig, check_config
+    from quipu.flows.config import load_config
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with pytest.raises(UserError, match=message):
+            cfg = load_config(AblateConfig, DEMO, [f"output={tmp_path}", *override])
+            check_config(cfg)
+    finally:
+        os.chdir(cwd)
+    assert not any(tmp_path.iterdir())
+
+
+def test_compare_pooled_and_per_seed():
+    from quipu.flows.ablate_report import compare, mean_std
+    seeds = [0, 1, 2, 3]
+    base = [3.00, 3.10, 3.20, 3.05]
+    better = [b - 0.05 + d for b, d in zip(base, [0.005, -0.005, 0.004, -0.004])]   # same seed-to-seed spread
+    c = compare(mean_std(better, seeds), mean_std(base, seeds))
+    assert c["delta"] == pytest.approx(-0.05)
+    assert not c["significant"]                       # within twice the pooled seed std (~0.09)...
+    assert c["significant_paired"] and c["same_sign_seeds"] == "4/4"   # ...but every seed improves
+    assert compare(mean_std([3.0], [0]), mean_std([3.1], [0]))["significant"] is None   # one seed: no spread

@@ -1,0 +1,195 @@
+"""Bits per byte (BPB) on held-out text: a model's compression of text it never trained on, in a unit
+that does not depend on its tokenizer (bits over UTF-8 bytes, not nats over tokens).
+
+Each document is BOS + its tokens; it is cut into windows of `seq_len` inputs (positions restart at
+0 in each window, as in training, where a row may start inside a document) and every text token is
+scored given the tokens before it in its window (EOS is not scored: it is not text). Per document
+we keep bytes, tokens and the summed negative log-likelihood, so any grouping (per language, per
+source, all) is Σ nll / ln 2 / Σ bytes.
+
+`score_checkpoint` scores with our model from a training checkpoint; `score_hf` does the same
+with transformers' `AutoModelForCausalLM` and `AutoTokenizer` from an exported folder, an
+independent path through the weights and the tokenizer: the two must agree.
+"""
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TextSource(BaseModel):
+    """Documents from a JSONL file (`text`, `lang`, `id`, ...) or a curated catalog dataset, optionally
+    filtered by field values."""
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = Field(None, description="a JSONL file of documents (fields `text`, `lang`, `id`)")
+    dataset: str | None = Field(None, description="...or a curated dataset in the catalog")
+    where: dict[str, str] = Field(default_factory=dict, description="keep only records whose fields have these values, e.g. {lang: pt}")
+    name: str | None = Field(None, description="its name in reports (default: file or dataset name plus the filter values)")
+    lang: str | None = Field(None, description="language of every document (default: each record's `lang`)")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.path is None) == (self.dataset is None):
+            raise ValueError("give exactly one of path or dataset")
+        return self
+
+    def label(self) -> str:
+        base = Path(self.path).name.split(".")[0] if self.path else str(self.dataset)
+        return self.name or "-".join([base, *self.where.values()])
+
+
+def read_documents(src: TextSource) -> list[dict]:
+    """The records of one source that pass its `where` filter and have text, in file order."""
+    if src.path is not None:
+        p = Path(src.path)
+        if not p.is_file():
+            raise FileNotFoundError(f"text source not found: {src.path}")
+        with open(p, encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+    else:
+        from quipu.catalog import registry
+        from quipu.trainer.tokenizer import iter_texts
+        ds = registry.get_dataset(src.dataset, kind="curated")
+        if ds is None:
+            raise FileNotFoundError(f"no curated dataset named {src.dataset!r} in the catalog")
+        records = list(iter_texts(sorted(s["path"] for s in ds["shards"]), columns=("id", "text", "lang", "source")))
+    keep = []
+    for r in records:
+        if all(str(r.get(k)) == v for k, v in src.where.items()) and (r.get("text") or "").strip():
+            keep.append(r)
+    return keep
+
+
+class HeldoutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sources: list[TextSource] = Field(min_length=1, description="held-out text: whole sources the curation never saw")
+    max_docs_per_source: int = Field(200, gt=0)
+    max_bytes_per_source: int = Field(150_000, gt=0, description="documents are taken in a fixed order (by id hash) until this many bytes")
+
+
+@dataclass
+class HeldoutDoc:
+    source: str
+    lang: str
+    id: str
+    text: str
+
+
+def load_heldout(cfg: HeldoutConfig) -> list[HeldoutDoc]:
+    """A fixed sample of every held-out source: documents ordered by a hash of their id, taken until
+    the per-source document or byte cap."""
+    out: list[HeldoutDoc] = []
+    for src in cfg.sources:
+        recs = read_documents(src)
+        if not recs:
+            raise ValueError(f"held-out source {src.label()!r} has no documents{' matching ' + str(src.where) if src.where else ''}")
+        recs.sort(key=lambda r: (zlib.crc32(str(r.get("id")).encode()), str(r.get("id"))))
+        size = 0
+        for r in recs[:cfg.max_docs_per_source]:
+            out.append(HeldoutDoc(src.label(), src.lang or r.get("lang") or "und", str(r.get("id")), r["text"]))
+            size += len(r["text"].encode("utf-8"))
+            if size >= cfg.max_bytes_per_source:
+                break
+    return out
+
+
+# ---- scoring -----------------------------------------------------------------------------------
+
+@dataclass
+class DocScore:
+    source: str
+    lang: str
+    id: str
+    bytes: int
+    tokens: int
+    nll: float          # nats, summed over the document's text tokens
+
+
+def windows(ids: list[int], seq_len: int) -> list[tuple[list[int], list[int]]]:
+    """(inputs, targets) windows covering every token after the first."""
+    return [(ids[s:s + seq_len], ids[s + 1:s + seq_len + 1]) for s in range(0, len(ids) - 1, seq_len)]
+
+
+@torch.no_grad()
+def score_documents(docs: list[HeldoutDoc], encode: Callable[[str], list[int]], logits_fn: Callable[[torch.Tensor], torch.Tensor],
+                    seq_len: int, eos_id: int | None = None, batch: int = 16) -> list[DocScore]:
+    """Summed NLL of every document's text tokens. Windows are right-padded to `seq_len` (padding
+    is never a target, and causal attention keeps it from reaching earlier positions)."""
+    items = []          # (doc index, inputs, targets)
+    ntok = []
+    for i, d in enumerate(docs):
+        ids = encode(d.text)
+        if eos_id is not None and ids and ids[-1] == eos_id:
+            ids = ids[:-1]
+        ntok.append(len(ids) - 1)
+        items += [(i, x, y) for x, y in windows(ids, seq_len)]
+    nll = [0.0] * len(docs)
+    for b in range(0, len(items), batch):
+        chunk = items[b:b + batch]
+        T = max(len(x) for _, x, _ in chunk)
+        x = torch.zeros(len(chunk), T, dtype=torch.long)
+        y = torch.full((len(chunk), T), -100, dtype=torch.long)
+        for r, (_, xi, yi) in enumerate(chunk):
+            x[r, :len(xi)] = torch.tensor(xi)
+            y[r, :len(yi)] = torch.tensor(yi)
+        logits = logits_fn(x).float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100,
+                               reduction="none").view(len(chunk), T).double().sum(1)
+        for r, (i, _, _) in enumerate(chunk):
+            nll[i] += float(loss[r])
+    return [DocScore(d.source, d.lang, d.id, len(d.text.encode("utf-8")), n, v) for d, n, v in zip(docs, ntok, nll)]
+
+
+def score_checkpoint(checkpoint: str | Path, tokenizer_dir: str | Path, docs: list[HeldoutDoc], seq_len: int) -> list[DocScore]:
+    """Our model, from a training checkpoint, with the run's tokenizer."""
+    from quipu.trainer.checkpoint import load_checkpoint
+    from quipu.trainer.model import Llama, ModelConfig
+    from quipu.trainer.tokenizer import TextTokenizer
+    ck = load_checkpoint(checkpoint)
+    model = Llama(ModelConfig.model_validate(ck["model_config"]))
+    model.load_state_dict(ck["model"])
+    model.eval()
+    tok = TextTokenizer.load(tokenizer_dir)
+    return score_documents(docs, lambda t: tok.encode(t, bos=True), lambda x: model(x), seq_len)
+
+
+def score_hf(hf_dir: str | Path, docs: list[HeldoutDoc], seq_len: int) -> list[DocScore]:
+    """transformers' own model and tokenizer, loaded from an exported folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.eval()
+    bos = tok.bos_token_id
+
+    def encode(text: str) -> list[int]:
+        return [bos, *tok(text, add_special_tokens=False)["input_ids"]]
+    return score_documents(docs, encode, lambda x: model(input_ids=x).logits, seq_len)
+
+
+def bits_per_byte(scores: list[DocScore]) -> float:
+    b = sum(s.bytes for s in scores)
+    return sum(s.nll for s in scores) / math.log(2) / b if b else float("nan")
+
+
+def summarize(scores: list[DocScore]) -> dict:
+    """BPB per language, per source and over everything, with the bytes and tokens behind each."""
+    def group(key) -> dict:
+        out: dict[str, list[DocScore]] = {}
+        for s in scores:
+            out.setdefault(key(s), []).append(s)
+        return {k: {"bpb": bits_per_byte(v), "docs": len(v), "bytes": sum(s.bytes for s in v),
+                    "tokens": sum(s.tokens for s in v)} for k, v in sorted(out.items())}
+    return {"all": group(lambda s: "all")["all"], "by_lang": group(lambda s: s.lang),
+            "by_source": group(lambda s: s.source)}
+
+
+def scores_to_rows(scores: list[DocScore]) -> list[dict]:
+    return [asdict(s) for s in scores]
