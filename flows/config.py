@@ -185,6 +185,8 @@ def config_keys(model: type[BaseModel], prefix: str = "") -> list[dict]:
         if typing.get_origin(field.annotation) is list:   # a list of sections: the keys of one item
             for item in _submodels(typing.get_args(field.annotation)[0]):
                 rows.extend(config_keys(item, key + "[]."))
+        elif len(subs) == 1:   # an optional section (null by default): its keys, should you set it
+            rows.extend({**r, "optional": True} for r in config_keys(subs[0], key + "."))
     return rows
 
 

@@ -22,7 +22,7 @@ def cmd_config_show(args) -> int:
         # a complete, valid starting config: every default (required keys left out, they have none)
         defaults = {}
         for row in config_keys(model):
-            if row["default"] == "(required)":
+            if row["default"] == "(required)" or row.get("optional"):   # an unset optional section stays null
                 continue
             node = defaults
             *parents, last = row["key"].split(".")
