@@ -52,6 +52,8 @@ def logging_setup(level: str) -> None:
 
     import yaml
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1" if level != "verbose" else "0")
+    if level != "verbose":   # e.g. transformers' "Converting and de-quantizing GGUF tensors" bar (plain tqdm)
+        os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error" if level != "verbose" else "warning")
     if "PREFECT_LOGGING_SETTINGS_PATH" in os.environ:   # the user's own logging config wins
         return
