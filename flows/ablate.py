@@ -39,6 +39,7 @@ from quipu.flows.curate import (CurateConfig, PrefectPhases, aggregate_extract, 
                                 extract_task, write_curated_task)
 from quipu.flows.runners import flow_run_id
 from quipu.tasks import driver
+from quipu.tasks.extract import pack_inputs
 from quipu.tasks.pipeline import stage_names
 from quipu.tasks.stage import RunContext, Shard
 from quipu.trainer.bpb import HeldoutConfig
@@ -239,7 +240,8 @@ class CurationTree:
 
     def _extract(self, cfg: CurateConfig):
         def run(node_dir: Path):
-            results = collect(extract_task.map(self.files, run_dir=unmapped(str(node_dir.resolve())), cfg=unmapped(cfg.extract)))
+            units = pack_inputs(self.files, int(cfg.extract.pack_mb * 1e6))   # work units sized by data, as curate's
+            results = collect(extract_task.map(units, run_dir=unmapped(str(node_dir.resolve())), cfg=unmapped(cfg.extract)))
             report = aggregate_extract(results)
             driver.write_report(str(node_dir), "extract", report)
             return [s for r in results for s in r.kept_shards], report
