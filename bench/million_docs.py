@@ -11,12 +11,13 @@ chunks of one source file per document, written as JSONL files of 50,000 documen
   word 5-grams, the stage's tokenizer), so recall counts the planted pairs at J >= 0.8 of which
   a member was removed, and precision the removed documents whose `dup_of` twin really is at
   J >= 0.8 (computed for every removed document, planted or not);
-- every 500th document carries a HumanEval problem (a benchmark leak, for decontam).
+- every 100th document carries a benchmark item (a leak, for decontam): a HumanEval prompt and a
+  GSM8K question in turn (the prose questions survive heuristics; code prompts in prose mostly do not).
 
 Runs (each timed one in a child process under `flock /work/.locks/timing.lock` when that folder
 exists; peak RSS is the child's VmHWM, reset after start-up, plus the peak sum over its process
 tree; CPU seconds from getrusage):
-1. plain datasketch on the first `--plain-docs` documents: per document `MinHash.update_batch` of
+1. plain datasketch on the first N documents for each N of `--plain-docs`: per document `MinHash.update_batch` of
    its word 5-grams and `MinHashLSH(threshold=0.8)` query, then insert when nothing was found;
 2. the dedup stage alone (`driver.run_local`, 2 threads, file index) on the same documents, and on
    every size;
@@ -26,7 +27,7 @@ tree; CPU seconds from getrusage):
    first `--sample` documents (heuristics runs at ~40 docs/s per core: a million would take days here).
 
     .venv/bin/python bench/million_docs.py --data /tmp/quipu-million [--sizes 100000,300000,1000000]
-        [--plain-docs 100000] [--sample 5000] [--append bench/RESULTS.md]
+        [--plain-docs 100000,1000000] [--sample 5000] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -48,10 +49,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TEXT = ROOT.parent / "shared" / "data" / "text"
-HUMANEVAL = ROOT.parent / "shared" / "data" / "benchmarks" / "humaneval.jsonl"
+BENCHMARKS = ROOT.parent / "shared" / "data" / "benchmarks"
+HUMANEVAL, GSM8K = BENCHMARKS / "humaneval.jsonl", BENCHMARKS / "gsm8k_test.jsonl"
 LOCK = Path("/work/.locks/timing.lock")
 FILE_DOCS = 50_000
-COPY_RATE, WINDOW, LEAK_EVERY = 0.12, 20_000, 500
+COPY_RATE, WINDOW, LEAK_EVERY = 0.12, 20_000, 100
 COPY_KINDS = ["exact", "upper", "spaces", "w0.97", "w0.92", "w0.87", "w0.82", "w0.75", "w0.65", "w0.50", "drop", "add"]
 COPY_P = [0.10, 0.08, 0.07, 0.08, 0.08, 0.08, 0.08, 0.08, 0.08, 0.08, 0.10, 0.09]
 THRESHOLD = 0.8
@@ -98,7 +100,7 @@ class Corpus:
             while self.is_copy[self.orig[i]]:
                 self.orig[i] = self.orig[self.orig[i]]
         self.kind = rng[2].choice(len(COPY_KINDS), size=n, p=COPY_P)
-        self.humaneval = [json.loads(line)["text"] for line in open(HUMANEVAL, encoding="utf-8")]
+        self.leak_items = [[json.loads(line)["text"] for line in open(f, encoding="utf-8")] for f in (HUMANEVAL, GSM8K)]
 
     @staticmethod
     def doc_id(i: int) -> str:
@@ -116,8 +118,15 @@ class Corpus:
     def base(self, i: int) -> str:
         chunks = self._chunks(i)
         if i % LEAK_EVERY == LEAK_EVERY - 1:
-            chunks.append(self.humaneval[(i // LEAK_EVERY) % len(self.humaneval)])
+            k = i // LEAK_EVERY
+            items = self.leak_items[self.leak_benchmark(i)]
+            chunks.append(items[(k // 2) % len(items)])
         return "\n\n".join(chunks)
+
+    @staticmethod
+    def leak_benchmark(i: int) -> int:
+        """0: HumanEval, 1: GSM8K (alternating leaks)."""
+        return (i // LEAK_EVERY) % 2
 
     def is_leak(self, i: int) -> bool:
         return not self.is_copy[i] and i % LEAK_EVERY == LEAK_EVERY - 1
@@ -385,9 +394,13 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
     warm_up()   # the Prefect API starts before the clock
     if full:   # the demo's stages (quality and perplexity need trained models: off, as in the demo config)
         from quipu.flows.config import load_config
+        gsm8k = work / "gsm8k.yaml"     # the shared GSM8K copy (the registry's entry expects data/benchmarks/gsm8k)
+        work.mkdir(parents=True, exist_ok=True)
+        gsm8k.write_text(f"name: gsm8k\npath: {GSM8K}\nfields: [text]\nid_field: id\nformat: jsonl\n")
         config = load_config(CurateConfig, str(ROOT / "configs" / "curate" / "demo.yaml"),
                              [f"output={work / 'run'}", "dataset=million-sample", "curated.shard_mb=64",
-                              "extract.shard_mb=64", "extract.fix_unicode=false"])
+                              "extract.shard_mb=64", "extract.fix_unicode=false",
+                              f"decontam.benchmarks=[humaneval, {gsm8k}]"])
         config = config.model_copy(update={"input": files})
     else:
         off = {s.name: {"enabled": False} for s in STAGES if s.name != "dedup"}
@@ -458,7 +471,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "quipu-million")
     ap.add_argument("--sizes", default="100000,300000,1000000")
-    ap.add_argument("--plain-docs", type=int, default=100_000)
+    ap.add_argument("--plain-docs", default="100000", help="sizes of the plain datasketch runs (comma list)")
     ap.add_argument("--dedup-sizes", default="100000,1000000", help="sizes of the dedup-alone runs")
     ap.add_argument("--sample", type=int, default=5000, help="documents of the run with every default stage")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: plain, dedup, curate, full")
@@ -479,7 +492,8 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",") if x]
     dedup_sizes = [int(x) for x in args.dedup_sizes.split(",") if x]
     skip = set(args.skip.split(","))
-    n_max = max(sizes + dedup_sizes + [args.plain_docs, args.sample])
+    plain_sizes = [int(x) for x in args.plain_docs.split(",") if x]
+    n_max = max(sizes + dedup_sizes + plain_sizes + [args.sample])
     cmd = "python bench/million_docs.py " + " ".join(sys.argv[1:])
     print(f"corpus of {n_max:,} documents in {args.data} ...", flush=True)
     t0 = time.perf_counter()
@@ -505,10 +519,11 @@ def main() -> None:
         return res
 
     if "plain" not in skip:
-        shards = parquet_shards(args.data, args.plain_docs)
-        record("plain datasketch loop", args.plain_docs, run_child("plain", {"work": str(work / "plain"), "shards": shards}))
+        for n in plain_sizes:
+            shards = parquet_shards(args.data, n)
+            record("plain datasketch loop", n, run_child("plain", {"work": str(work / f"plain-{n}"), "shards": shards}))
     if "dedup" not in skip:
-        for n in sorted(set(dedup_sizes + ([args.plain_docs] if "plain" not in skip else []))):
+        for n in sorted(set(dedup_sizes + (plain_sizes if "plain" not in skip else []))):
             shards = parquet_shards(args.data, n)
             record("dedup stage alone", n, run_child("dedup", {"work": str(work / f"dedup-{n}"), "shards": shards}))
     if "curate" not in skip:
@@ -523,8 +538,10 @@ def main() -> None:
         leaks = [corpus.doc_id(i) for i in range(args.sample) if corpus.is_leak(i)]
         res["leaks_planted"] = len(leaks)
         where = res.pop("removed_by_stage")
-        res["leaks_removed_by"] = {k: sum(1 for i in leaks if where.get(i, "curated") == k)
-                                   for k in sorted({where.get(i, "curated") for i in leaks})}
+        for name, b in (("HumanEval", 0), ("GSM8K", 1)):
+            ids = [corpus.doc_id(i) for i in range(args.sample) if corpus.is_leak(i) and corpus.leak_benchmark(i) == b]
+            res.setdefault("leaks_removed_by", {})[name] = {
+                k: sum(1 for i in ids if where.get(i, "curated") == k) for k in sorted({where.get(i, "curated") for i in ids})}
         res.pop("removed")
         record("curate, default stages (sample)", args.sample, res, evaluate=False)   # earlier stages remove copies too
     if args.reuse:
@@ -544,6 +561,15 @@ def main() -> None:
             fh.write("\n" + md)
 
 
+def leaks_reaching(row: dict) -> int:
+    """Planted leaks that no stage before decontam removed (decontam removed them or they were curated)."""
+    return sum(ends.get("decontam", 0) + ends.get("curated", 0) for ends in row["leaks_removed_by"].values())
+
+
+def leaks_caught(row: dict) -> int:
+    return sum(ends.get("decontam", 0) for ends in row["leaks_removed_by"].values())
+
+
 def format_md(out: dict) -> str:
     rows = out["rows"]
     lines = [f"## The million-document run (`bench/million_docs.py`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
@@ -551,8 +577,8 @@ def format_md(out: dict) -> str:
              f"Machine: {out['cores']} cores shared with other agents; `uptime` at the end: `{out['uptime']}`. "
              f"Load average before/after each run in the table. Corpus: real paragraphs of ../shared/data/text "
              f"recombined, {out['text_bytes'] / 2**30:.2f} GiB of JSONL for the largest size; 12% planted copies "
-             "(exact, case, spacing, word edits aimed at J 0.5-0.97, a chunk dropped or added), HumanEval leaks "
-             "every 500th document.", "",
+             "(exact, case, spacing, word edits aimed at J 0.5-0.97, a chunk dropped or added), benchmark leaks "
+             f"every {LEAK_EVERY}th document (HumanEval and GSM8K in turn).", "",
              "| run | docs | wall s | docs/s | docs per CPU-s | peak RSS MiB (process / tree) | disk written MiB | recall J>=0.8 | precision | load before/after |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -567,10 +593,11 @@ def format_md(out: dict) -> str:
     reused = sorted({r["reused_from"] for r in rows if "reused_from" in r})
     if reused:
         lines += ["", f"Rows marked 'earlier run' are from `{reused[0]}`, same corpus, same machine, an hour earlier (same dedup code)."]
-    plain = next((r for r in rows if r["what"].startswith("plain")), None)
-    same = next((r for r in rows if r["what"] == "dedup stage alone" and plain and r["n"] == plain["n"]), None)
     lines.append("")
-    if plain and same:
+    for plain in (r for r in rows if r["what"].startswith("plain")):
+        same = next((r for r in rows if r["what"] == "dedup stage alone" and r["n"] == plain["n"]), None)
+        if same is None:
+            continue
         lines.append(f"Dedup stage vs the plain datasketch loop on the same {plain['n']:,} documents in this run: "
                      f"**{plain['seconds'] / same['seconds']:.1f}x** wall time, "
                      f"{(same['n'] / same['cpu_seconds']) / (plain['n'] / plain['cpu_seconds']):.1f}x per CPU-second; "
@@ -586,7 +613,8 @@ def format_md(out: dict) -> str:
             lines.append(f"- {r['what']}, {r['n']:,} docs: stage seconds "
                          + ", ".join(f"{k} {v['seconds']:.1f} s ({v['input_docs'] / max(v['seconds'], 1e-9):,.0f} docs/s)"
                                      for k, v in r["stages"].items())
-                         + (f"; HumanEval leaks planted {r['leaks_planted']}, where they ended: {r['leaks_removed_by']}"
+                         + (f"; benchmark leaks planted {r['leaks_planted']}, where they ended: {r['leaks_removed_by']}"
+                            f" (of the {leaks_reaching(r)} that reached decontam, it removed {leaks_caught(r)})"
                             if "leaks_planted" in r else ""))
     q = next((r["quality"] for r in rows if "quality" in r), None)
     if q:

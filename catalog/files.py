@@ -65,10 +65,18 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20, start: int = 0, end: int | None = None) -> str:
+    """Hash of the file's bytes [start, end) (the whole file by default)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
+        fh.seek(start)
+        left = None if end is None else end - start
+        while left is None or left > 0:
+            block = fh.read(chunk if left is None else min(chunk, left))
+            if not block:
+                break
+            if left is not None:
+                left -= len(block)
             h.update(block)
     return h.hexdigest()
 

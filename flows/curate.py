@@ -29,7 +29,7 @@ from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
-from quipu.tasks.extract import ExtractConfig, ExtractResult, extract_unit, pack_inputs
+from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs
 from quipu.tasks.output import OutputConfig, curated_marker, write_curated
 from quipu.tasks.pipeline import STAGES
 from quipu.tasks import readers
@@ -98,13 +98,15 @@ def preflight(config: CurateSettings) -> None:
 
 def _unit_run_name() -> str:
     from prefect.runtime import task_run
-    paths = task_run.parameters["paths"]
-    return f"extract-{Path(paths[0]).name}" + (f"+{len(paths) - 1}" if len(paths) > 1 else "")
+    items = task_run.parameters["items"]
+    first = items[0]
+    part = f"[{first.describe()}]" if not isinstance(first, str) else ""
+    return f"extract-{Path(input_path(first)).name}{part}" + (f"+{len(items) - 1}" if len(items) > 1 else "")
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(paths: list[str], run_dir: str, cfg: ExtractConfig) -> ExtractResult:
-    return extract_unit(paths, run_dir, cfg)
+def extract_task(items: list[Input], run_dir: str, cfg: ExtractConfig) -> ExtractResult:
+    return extract_unit(items, run_dir, cfg)
 
 
 @task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
@@ -211,7 +213,7 @@ def aggregate_extract(results: list[ExtractResult]) -> dict:
         for k, n in r.quarantine_by_reason.items():
             q[k] = q.get(k, 0) + n
     report["quarantine_by_reason"] = dict(sorted(q.items(), key=lambda kv: -kv[1]))
-    report["files"] = [{"source": f.source, "unit": r.shard, "records_read": f.records_read, "documents": f.documents,
+    report["files"] = [{"source": f.source, "part": f.part, "unit": r.shard, "records_read": f.records_read, "documents": f.documents,
                         "kept": f.kept, "quarantined": f.quarantined, "skipped_records": f.skipped_records}
                        for r in results for f in r.files]
     if report["input_docs"] + report["quarantined"] != report["records_read"]:
@@ -382,5 +384,5 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
         qshards = [{"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "bytes": p.stat().st_size,
                     "sha256": sha256_file(p)} for p in sorted(qdir.glob("*.parquet"))]
         registry.register_dataset(f"{name}/quarantine", "quarantine", str(qdir), run_id, qshards)
-    registry.record_lineage(run_id, "input", [{"path": f["source"]} for f in results_extract["files"]])
+    registry.record_lineage(run_id, "input", [{"path": p} for p in dict.fromkeys(f["source"] for f in results_extract["files"])])
     registry.record_lineage(run_id, "output", [{"path": str(config.context().curated), "dataset_id": ds_id}])

@@ -1,8 +1,10 @@
 """Stage `extract`: read input files, turn HTML into main text (trafilatura), write raw shards.
 
 One Prefect task per work unit: input files smaller than `pack_mb` are packed, in path order, into
-units of about `pack_mb` bytes; a larger file is a unit of its own. So the number of tasks, output
-files and markers follows the bytes read, not the number of files. Each unit yields document
+units of about `pack_mb` bytes; a larger file is a unit of its own, and a plain JSONL or parquet
+file of twice `pack_mb` or more is read in parts of about `pack_mb` (`readers.FileSlice`: at line
+boundaries / by row groups, with the ids and positions of the whole file). So the number of tasks,
+output files and markers follows the bytes read, not the number of files. Each unit yields document
 shards of about `shard_mb` of text (`extract/kept/<unit-key>-<part>.parquet`), one removed shard,
 and a quarantine file for what could not be read; its result accounts for every input file on its
 own (records read = documents + quarantined, per file). HTML extraction runs in a child process so a page that makes the parser hang
@@ -47,7 +49,7 @@ class ExtractConfig(StageConfig):
     min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
     max_control_char_ratio: float = Field(0.05, ge=0, le=1, description="binary junk: share of control/replacement characters above which a document is removed")
     shard_mb: float = Field(64.0, gt=0, description="target text size of one output shard")
-    pack_mb: float = Field(64.0, gt=0, description="input files smaller than this are read together, in path order, in work units of about this many bytes (one task and one set of output shards per unit); a larger file is a unit of its own")
+    pack_mb: float = Field(64.0, gt=0, description="input files smaller than this are read together, in path order, in work units of about this many bytes (one task and one set of output shards per unit); a larger file is a unit of its own, and a plain JSONL or parquet file of twice this or more is read in parts of about this size (compressed JSONL and WARC/ARC files are read whole)")
     max_record_bytes: int = Field(50_000_000, gt=0, description="a JSONL line or WARC payload larger than this is never held in memory: removed as extract:too_large / extract:payload_too_large with its first bytes and its size (`text_bytes`)")
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
@@ -226,8 +228,10 @@ def code_version() -> str:
 
 
 class FileAccount(BaseModel):
-    """What one input file of a unit gave: every record read is a document or quarantined."""
+    """What one input file (or part of one) of a unit gave: every record read is a document or
+    quarantined."""
     source: str
+    part: str | None = None      # "bytes A-B" / "row groups A-B" when the unit is part of a large file
     input_sha256: str
     records_read: int
     documents: int
@@ -333,11 +337,15 @@ class _Outputs:
         self.removed_w.abort()
 
 
-def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[str]]:
+Input = str | readers.FileSlice        # a whole file, or part of a large one
+
+
+def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[Input]]:
     """Work units: consecutive files (in the given order) packed until they hold `pack_bytes`; a
-    file at least that large is a unit of its own. A file whose size is unknown counts as large."""
-    units: list[list[str]] = []
-    current: list[str] = []
+    file at least that large is a unit of its own, or several when it can be read in parts
+    (`readers.plan_slices`). A file whose size is unknown counts as large."""
+    units: list[list[Input]] = []
+    current: list[Input] = []
     size = 0
     for path in paths:
         n = readers.file_size(path)
@@ -346,7 +354,7 @@ def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[str]]:
             units.append(current)
             current, size = [], 0
         if large:
-            units.append([path])
+            units.extend([[part] for part in readers.plan_slices(path, pack_bytes) or [path]])
             continue
         current.append(path)
         size += n
@@ -355,12 +363,20 @@ def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[str]]:
     return units
 
 
-def unit_key(paths: list[str]) -> str:
-    """The name of a unit's outputs: the file's key, or the first file's key and the unit's size."""
-    if len(paths) == 1:
-        return file_key(paths[0])
-    digest = hashlib.sha1("\n".join(paths).encode()).hexdigest()[:8]
-    return f"{file_key(paths[0])}-pack{len(paths)}-{digest}"
+def input_path(item: Input) -> str:
+    return item.path if isinstance(item, readers.FileSlice) else item
+
+
+def unit_key(items: list[Input]) -> str:
+    """The name of a unit's outputs: the file's key (and its part), or the first file's key and
+    the unit's size."""
+    if len(items) == 1:
+        item = items[0]
+        if isinstance(item, readers.FileSlice):
+            return f"{file_key(item.path)}-{'b' if item.kind == 'jsonl' else 'rg'}{item.start}"
+        return file_key(item)
+    digest = hashlib.sha1("\n".join(items).encode()).hexdigest()[:8]
+    return f"{file_key(items[0])}-pack{len(items)}-{digest}"
 
 
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
@@ -368,23 +384,29 @@ def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractR
     return extract_unit([path], run_dir, cfg)
 
 
-def _input_sha(path: str) -> str:
-    problem = readers.file_problem(path)   # a FIFO or dangling link is never opened, not even to hash it
+def _input_sha(item: Input) -> str:
+    if isinstance(item, readers.FileSlice):     # only the bytes the part reads
+        return sha256_file(item.path, start=item.first_byte, end=item.last_byte)
+    problem = readers.file_problem(item)   # a FIFO or dangling link is never opened, not even to hash it
     return (sha256_json({"not_read": problem}) if problem else
-            sha256_file(path) if "://" not in path else _remote_fingerprint(path))
+            sha256_file(item) if "://" not in item else _remote_fingerprint(item))
 
 
-def extract_unit(paths: list[str], run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
-    """Extract a work unit (input files read in order) into kept shards, a removed shard and a
-    quarantine file, with each file's own account."""
+def _input_label(item: Input) -> str:
+    return f"{item.path} [{item.describe()}]" if isinstance(item, readers.FileSlice) else item
+
+
+def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
+    """Extract a work unit (input files, or one part of a large file, read in order) into kept
+    shards, a removed shard and a quarantine file, with each file's own account."""
     run = RunContext(str(run_dir))
     layout = run.layout(STAGE)
-    key = unit_key(paths)
+    key = unit_key(items)
     marker = layout.markers / f"{key}.json"
-    shas = [_input_sha(p) for p in paths]
-    unit_sha = shas[0] if len(paths) == 1 else sha256_json(shas)
-    # pack_mb decides which files form a unit, already named by `inputs`
-    fp = sha256_json({"stage": STAGE, "inputs": list(zip(paths, shas)), "code": code_version(),
+    shas = [_input_sha(p) for p in items]
+    unit_sha = shas[0] if len(items) == 1 else sha256_json(shas)
+    # pack_mb decides which files (or parts) form a unit, already named by `inputs`
+    fp = sha256_json({"stage": STAGE, "inputs": [[_input_label(p), sha] for p, sha in zip(items, shas)], "code": code_version(),
                       "config": cfg.model_dump(mode="json", exclude={"pack_mb"})})
     done = load_done(marker, fp, ExtractResult)
     if done is not None:
@@ -399,10 +421,11 @@ def extract_unit(paths: list[str], run_dir: str | Path, cfg: ExtractConfig) -> E
     files: list[FileAccount] = []
     out = _Outputs(layout, key, cfg)
     try:
-        for path, sha in zip(paths, shas):
+        for unit_item, sha in zip(items, shas):
+            path, part = input_path(unit_item), (unit_item if isinstance(unit_item, readers.FileSlice) else None)
             stats = readers.ReadStats()
             docs0, kept0, q0 = out.docs, out.kept, len(quarantine_rows)
-            for item in readers.read(path, stats, limits):
+            for item in readers.read(path, stats, limits, part):
                 if isinstance(item, readers.Quarantined):
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
@@ -419,7 +442,8 @@ def extract_unit(paths: list[str], run_dir: str | Path, cfg: ExtractConfig) -> E
                     row["text"] = row["text"][:TOO_LARGE_CHARS]
                 out.add(row, reason, nbytes)
             mine = quarantine_rows[q0:]
-            files.append(FileAccount(source=path, input_sha256=sha, records_read=out.docs - docs0 + len(mine),
+            files.append(FileAccount(source=path, part=part.describe() if part else None, input_sha256=sha,
+                                     records_read=out.docs - docs0 + len(mine),
                                      documents=out.docs - docs0, kept=out.kept - kept0, quarantined=len(mine),
                                      quarantine_by_reason=_reason_counts(mine), skipped_records=stats.skipped))
             for k, n in stats.skipped.items():
@@ -434,7 +458,7 @@ def extract_unit(paths: list[str], run_dir: str | Path, cfg: ExtractConfig) -> E
 
     kept_docs = sum(s.rows for s in out.kept_shards)
     result = ExtractResult(
-        stage=STAGE, shard=key, source=paths[0], fingerprint=fp, input_sha256=unit_sha, files=files,
+        stage=STAGE, shard=key, source=input_path(items[0]), fingerprint=fp, input_sha256=unit_sha, files=files,
         records_read=out.docs + len(quarantine_rows), input_docs=out.docs, kept_docs=kept_docs,
         removed_docs=removed.rows, quarantined=len(quarantine_rows),
         quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=skipped,

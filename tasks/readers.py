@@ -29,6 +29,12 @@ after damage, and holds a bounded amount of memory whatever the input (`ReadLimi
   record; a file whose reading runs past `max_file_seconds` stops with one quarantined record for
   what was not read.
 
+Large files are read in parts (`FileSlice`, planned by `plan_slices`) so that one file does not
+make one task: plain JSONL at line boundaries (the line count before each cut is counted once, so
+ids and `line N` positions are those of the whole file), parquet by row groups. Compressed JSONL
+and WARC/ARC files are read whole: finding a record boundary inside them means decompressing up to
+it.
+
 A "record" in `records read` is therefore: a JSONL line, a WARC/ARC record, a parquet row, or one
 unreadable range/file reported as a single quarantined record.
 
@@ -140,8 +146,95 @@ def file_size(path: str) -> int | None:
         return None
 
 
-def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
-    """Every record of one file, then a quarantine entry for anything the file's time budget cut."""
+@dataclass(frozen=True)
+class FileSlice:
+    """Part of one large input file, read as a work unit of its own: plain JSONL bytes
+    [start, end) that begin after `before` lines, or parquet row groups [start, end) that begin
+    after `before` rows. `first_byte`/`last_byte` bound the bytes it reads (what its hash covers)."""
+    path: str
+    kind: str            # "jsonl" | "parquet"
+    start: int
+    end: int
+    before: int
+    first_byte: int
+    last_byte: int
+
+    def describe(self) -> str:
+        what = "bytes" if self.kind == "jsonl" else "row groups"
+        return f"{what} {self.start}-{self.end - 1}"
+
+
+def plan_slices(path: str, part_bytes: int) -> list[FileSlice] | None:
+    """The parts of a local plain-JSONL or parquet file of at least twice `part_bytes`, each about
+    `part_bytes` (the last up to 1.5x); None for a file read whole (smaller, compressed, WARC/ARC,
+    remote, or unreadable: its reader reports why)."""
+    local = _local(path)
+    size = file_size(path)
+    if local is None or size is None or size < 2 * part_bytes or file_problem(path):
+        return None
+    low = path.lower()
+    try:
+        if low.endswith((".jsonl", ".ndjson")):
+            slices = _jsonl_slices(path, size, part_bytes)
+        elif low.endswith(PARQUET_SUFFIXES):
+            slices = _parquet_slices(path, part_bytes)
+        else:
+            return None
+    except (OSError, ValueError):
+        return None
+    return slices if len(slices) > 1 else None
+
+
+def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
+    """Cuts just after the first newline at or past every `part_bytes`, and the lines before each
+    (one pass over the file counting newlines: bytes.count runs at memory speed)."""
+    cuts: list[tuple[int, int]] = [(0, 0)]       # (byte offset, lines before it)
+    pos = lines = 0
+    target = part_bytes
+    with open(_local(path), "rb") as fh:
+        while block := fh.read(1 << 24):
+            while target < pos + len(block) and size - target >= part_bytes // 2:
+                i = block.find(b"\n", max(0, target - pos))
+                if i < 0:
+                    break       # the line runs on into the next block: cut there
+                cut = pos + i + 1
+                if size - cut < part_bytes // 2:
+                    target = size      # the rest joins the last part
+                    break
+                cuts.append((cut, lines + block.count(b"\n", 0, i + 1)))
+                target = cut + part_bytes
+            lines += block.count(b"\n")
+            pos += len(block)
+    ends = [c for c, _ in cuts[1:]] + [size]
+    return [FileSlice(path, "jsonl", c, e, before, c, e) for (c, before), e in zip(cuts, ends)]
+
+
+def _parquet_slices(path: str, part_bytes: int) -> list[FileSlice]:
+    import pyarrow.parquet as pq
+    meta = pq.ParquetFile(_local(path)).metadata
+    groups = []        # (first byte, last byte + 1, rows) per row group
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        cols = [rg.column(c) for c in range(rg.num_columns)]
+        starts = [c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+                  for c in cols]
+        groups.append((min(starts), max(st + c.total_compressed_size for st, c in zip(starts, cols)), rg.num_rows))
+    out, g0, rows = [], 0, 0
+    for g in range(len(groups) + 1):
+        size = groups[g - 1][1] - groups[g0][0] if g > g0 else 0
+        rest = groups[-1][1] - groups[g - 1][1] if g > g0 else 0
+        if g == len(groups) or (size >= part_bytes and rest >= part_bytes // 2):
+            if g > g0:
+                out.append(FileSlice(path, "parquet", g0, g, rows, groups[g0][0], groups[g - 1][1]))
+                rows += sum(n for _, _, n in groups[g0:g])
+                g0 = g
+    return out
+
+
+def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
+         part: FileSlice | None = None) -> Iterator[RawRecord | Quarantined]:
+    """Every record of one file (or of one part of it), then a quarantine entry for anything the
+    file's time budget cut."""
     problem = file_problem(path)
     if problem:
         yield Quarantined(path, "file", problem)
@@ -154,9 +247,9 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iter
     if kind == "warc":
         items = read_warc(path, stats, limits)
     elif kind == "jsonl":
-        items = read_jsonl(path, limits, size)
+        items = read_jsonl(path, limits, size, part)
     elif kind == "parquet":
-        items = read_parquet(path, limits=limits)
+        items = read_parquet(path, limits=limits, part=part)
     else:
         yield Quarantined(path, "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
         return
@@ -273,8 +366,15 @@ def _zstd_chunks(fh) -> Iterator[bytes | _Damage]:
     return _members(fh, b"\x28\xb5\x2f\xfd", dctx.decompressobj, _feed_zstd, zstandard.ZstdError, "zstd")
 
 
-def _plain_chunks(fh) -> Iterator[bytes]:
-    while block := fh.read(CHUNK):
+def _plain_chunks(fh, end: int | None = None) -> Iterator[bytes]:
+    """The file's bytes from where `fh` stands, up to byte `end` when given."""
+    left = None if end is None else end - fh.tell()
+    while left is None or left > 0:
+        block = fh.read(CHUNK if left is None else min(CHUNK, left))
+        if not block:
+            return
+        if left is not None:
+            left -= len(block)
         yield block
 
 
@@ -361,15 +461,19 @@ def _open_chunks(fh, path: str) -> Iterator[bytes | _Damage]:
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = None) -> Iterator[RawRecord | Quarantined]:
-    lineno = 0
+def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = None,
+               part: FileSlice | None = None) -> Iterator[RawRecord | Quarantined]:
+    lineno = part.before if part else 0
     try:
         fh = fsspec.open(path, "rb").open()
+        if part:
+            fh.seek(part.start)
     except Exception as e:
         yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
         return
     with fh:
-        for item in _lines(_capped(_open_chunks(fh, path), size, limits), limits.max_record_bytes):
+        chunks = _plain_chunks(fh, part.end) if part else _open_chunks(fh, path)
+        for item in _lines(_capped(chunks, size, limits), limits.max_record_bytes):
             if isinstance(item, _Damage):
                 yield Quarantined(path, f"after line {lineno}", f"unreadable bytes: {item.reason}")
                 continue
@@ -444,7 +548,8 @@ def _is_text_type(t, pa) -> bool:
             or pa.types.is_large_binary(t) or t in (pa.string_view(), pa.binary_view()))
 
 
-def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
+def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLimits(),
+                 part: FileSlice | None = None) -> Iterator[RawRecord | Quarantined]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -463,8 +568,8 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
         if not _is_text_type(ttype, pa):
             yield Quarantined(path, "file", f"parquet column 'text' is {ttype}, expected string")
             return
-        row = 0
-        for rg in range(pf.num_row_groups):
+        row = part.before if part else 0
+        for rg in range(part.start, part.end) if part else range(pf.num_row_groups):
             rg_rows = pf.metadata.row_group(rg).num_rows
             rg_end = row + rg_rows
             try:
