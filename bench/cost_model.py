@@ -17,7 +17,7 @@ Model (each assumption is printed with the table):
   documents; the input is not counted.
 
     .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
-        [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 118 --ppl-cores 2] [--append bench/RESULTS.md]
+        [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ from pathlib import Path
 
 COMBINE_BYTES_PER_REMOVED = 400      # Python dict entries of the combine: group, decision, twin id (estimate)
 GPU_EFFECTIVE_FLOPS = 100e12         # H100 bf16 at ~10% of peak for a 2-layer student: an assumption
-STUDENT_FLOP_PARAMS = 7.2e6          # the student's trained body (2 decoder layers + head), bench/RESULTS.md
-STUDENT_TOKENS = 256
+# the shipped student (configs/ppl/smollm2-shared.yaml): 2 layers of d_model 256 and d_ff 1024, ~2.1M
+# non-embedding parameters (embedding lookups cost no FLOPs), over the teacher's first 128 tokens
+STUDENT_FLOP_PARAMS = 2.1e6
+STUDENT_TOKENS = 128
 TOKENIZER_TOKENS_PER_CORE_S = 290_000   # HF tokenizers encode_batch, ~580k tokens/s on 2 threads here
 
 
@@ -88,8 +90,8 @@ def main() -> None:
     ap.add_argument("--measured", type=Path, required=True, help="million-results.json of bench/million_docs.py")
     ap.add_argument("--cores", default="16,64,256")
     ap.add_argument("--docs", default="10000000,100000000")
-    ap.add_argument("--ppl-docs-per-s", type=float, default=118.0, help="student docs/s on one machine (bench/RESULTS.md)")
-    ap.add_argument("--ppl-cores", type=int, default=2, help="cores of that machine")
+    ap.add_argument("--ppl-docs-per-s", type=float, default=480.0, help="student docs/s on one machine (bench/RESULTS.md)")
+    ap.add_argument("--ppl-cores", type=int, default=1, help="cores (threads) that rate was measured on")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args()
     measured = json.loads(args.measured.read_text())

@@ -574,7 +574,7 @@ def format_md(out: dict) -> str:
     rows = out["rows"]
     lines = [f"## The million-document run (`bench/million_docs.py`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"Command: `{out['command']}`", "",
-             f"Machine: {out['cores']} cores shared with other agents; `uptime` at the end: `{out['uptime']}`. "
+             f"Machine: {out['cores']} cores; `uptime` at the end (other work on the machine shows in it): `{out['uptime']}`. "
              f"Load average before/after each run in the table. Corpus: real paragraphs of ../shared/data/text "
              f"recombined, {out['text_bytes'] / 2**30:.2f} GiB of JSONL for the largest size; 12% planted copies "
              "(exact, case, spacing, word edits aimed at J 0.5-0.97, a chunk dropped or added), benchmark leaks "
