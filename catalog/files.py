@@ -65,18 +65,25 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_blocks(fh, chunk: int, end: int | None = None) -> Iterator[bytes]:
+    """An open binary file's bytes from where it stands, in blocks of `chunk`, up to byte `end`
+    when given (else to the end of the file)."""
+    left = None if end is None else end - fh.tell()
+    while left is None or left > 0:
+        block = fh.read(chunk if left is None else min(chunk, left))
+        if not block:
+            return
+        if left is not None:
+            left -= len(block)
+        yield block
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20, start: int = 0, end: int | None = None) -> str:
     """Hash of the file's bytes [start, end) (the whole file by default)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         fh.seek(start)
-        left = None if end is None else end - start
-        while left is None or left > 0:
-            block = fh.read(chunk if left is None else min(chunk, left))
-            if not block:
-                break
-            if left is not None:
-                left -= len(block)
+        for block in read_blocks(fh, chunk, end):
             h.update(block)
     return h.hexdigest()
 

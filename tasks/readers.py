@@ -56,6 +56,7 @@ from typing import Any, Iterator
 
 import fsspec
 
+from quipu.catalog.files import read_blocks
 from quipu.tasks.records import (CHUNK, KNOWN_FIELDS, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits,
                                  ReadStats, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
 from quipu.tasks.warc import read_warc
@@ -368,14 +369,7 @@ def _zstd_chunks(fh) -> Iterator[bytes | _Damage]:
 
 def _plain_chunks(fh, end: int | None = None) -> Iterator[bytes]:
     """The file's bytes from where `fh` stands, up to byte `end` when given."""
-    left = None if end is None else end - fh.tell()
-    while left is None or left > 0:
-        block = fh.read(CHUNK if left is None else min(CHUNK, left))
-        if not block:
-            return
-        if left is not None:
-            left -= len(block)
-        yield block
+    return read_blocks(fh, CHUNK, end)
 
 
 def _capped(chunks: Iterator[bytes | _Damage], compressed_size: int | None, limits: ReadLimits) -> Iterator[bytes | _Damage]:
