@@ -167,8 +167,12 @@ def test_transient_failure_is_retried_without_redoing_finished_shards(prefect_se
 
     monkeypatch.setattr(langid.LanguageId, "process", flaky)
     cfg = _config(tmp_path)
-    # one work unit (and so one shard) per input file, so that one shard's failure is visible
-    cfg.write_text(cfg.read_text().replace("extract:\n", "extract:\n  pack_mb: 0.000001\n"))
+    # one work unit (and so one shard) per input file, so that one shard's failure is visible: each
+    # file at least pack_mb (not packed with another) and under twice it (not read in parts)
+    sizes = [p.stat().st_size for p in (tmp_path / "in").iterdir()]
+    pack = 0.51 * max(sizes)
+    assert min(sizes) >= pack
+    cfg.write_text(cfg.read_text().replace("extract:\n", f"extract:\n  pack_mb: {pack / 1e6}\n"))
     out = tmp_path / "run"
     assert main(["curate", str(cfg), "--input", str(tmp_path / "in" / "*.jsonl"), "--output", str(out)]) == 0
     assert failed == ["doc-11-0"]
