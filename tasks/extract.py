@@ -53,7 +53,7 @@ class ExtractConfig(StageConfig):
     max_record_bytes: int = Field(50_000_000, gt=0, description="a JSONL line or WARC payload larger than this is never held in memory: removed as extract:too_large / extract:payload_too_large with its first bytes and its size (`text_bytes`)")
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
-    max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file stops after this long; the rest of it is one quarantined record")
+    max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
     fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
     include_comments: bool = False
     include_tables: bool = True

@@ -264,7 +264,7 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
             where = f"after {last}" if last.startswith("line ") else last
             yield Quarantined(path, where,
                               f"time budget exceeded: reading stopped after {limits.max_file_seconds:g} s "
-                              f"(extract.max_file_seconds); the rest of the file was not read")
+                              f"(extract.max_file_seconds); the rest of the {'file' if part is None else f'part ({part.describe()})'} was not read")
             return
 
 
