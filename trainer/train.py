@@ -592,8 +592,13 @@ class Trainer:
 
 def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=None) -> dict:
     trainer = Trainer(cfg, run_dir, resume=resume, on_log=on_log)
-    try:
-        return trainer.run()
-    finally:
-        if trainer.dist.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    # On an exception the group is left alone: torchrun stops every rank, and tearing it down here
+    # could hang on a peer that is still inside a collective.
+    summary = trainer.run()
+    if trainer.dist.enabled and dist.is_initialized():
+        # Every rank leaves together. Gloo's barrier also waits out collectives still queued on its
+        # worker threads (FSDP2 prefetches all-gathers); destroying the group under one of them, or
+        # while a peer is still writing the summary, aborted rank 1 about once in a hundred runs.
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
