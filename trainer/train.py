@@ -599,6 +599,6 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=No
         # Every rank leaves together. Gloo's barrier also waits out collectives still queued on its
         # worker threads (FSDP2 prefetches all-gathers); destroying the group under one of them, or
         # while a peer is still writing the summary, aborted rank 1 about once in a hundred runs.
-        dist.barrier()
+        trainer.dist.barrier()
         dist.destroy_process_group()
     return summary
