@@ -187,9 +187,11 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
 
     # the corpus and the curate flow only: the model steps (quality-train, ppl-distill, train) have
     # their own tests, and the stages that need their models stay off in configs/curate/demo.yaml
-    # a tenth of the corpus has a tenth of each site's pages: a line is "repeated" from 5 of them
+    # a tenth of the corpus has a tenth of each site's pages: a line is "repeated" from 5 of them.
+    # A dataset of its own: the default name ("run", from the folder) is shared with other tests of
+    # the session, and the lines and dedup indexes of a dataset carry counts between its runs.
     ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=SMALL,
-                      overrides=["lines.max_line_count=4"])
+                      overrides=["lines.max_line_count=4", "dataset=demo-every-stage"])
     assert run_demo(ctx, only=["build-corpus", "curate"]) == 0
     out = capsys.readouterr().out
     run = json.loads((tmp_path / "run" / "run.json").read_text())
