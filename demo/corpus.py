@@ -21,6 +21,8 @@ stuffing), `short`, `word_salad` (real words in random order), `benchmark_leak` 
 prompts quoted in a blog post), `binary_junk`, `empty`, `pii` (an article with a contact paragraph:
 e-mail, phone, IP, DNI/CPF), `blocked_url` (an article under a URL of datatrove's adult blocklist or
 with a banned word), and for the JSONL dumps `malformed_json`, `invalid_utf8`, `missing_text`.
+Pages of the help sites (and their copies and stubs) end with the site's feedback line, the
+boilerplate that survives extraction and that line-level dedup removes.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from quipu.demo import sources as src
 from quipu.demo.sources import Article, Block
 
 SEED = 20261122
-CORPUS_VERSION = 5                      # bump when the builder changes what it writes
+CORPUS_VERSION = 6                      # bump when the builder changes what it writes
 CRAWL_START = datetime(2026, 10, 5, 6, 0, 0)
 WARC_FILES = 3
 MANIFEST = "manifest.json"
@@ -79,19 +81,22 @@ BOILERPLATE = {
                accept="Accept", related="Related pages", rights="All rights reserved.",
                legal=["Privacy policy", "Terms of use", "Cookie settings", "Contact"], search="Search",
                newsletter="Subscribe to our newsletter", login="Log in", password="Password", user="User name",
-               tags="Browse by tag", notfound="Sign in to continue"),
+               tags="Browse by tag", notfound="Sign in to continue",
+               helpful="Was this page helpful? Tell us what to improve through the feedback form."),
     "es": dict(home="Inicio", nav=["Ayuda", "Guías", "Blog", "Comunidad", "Descargas", "Quiénes somos"],
                cookie="Utilizamos cookies propias y de terceros para mejorar nuestros servicios. Si continúa navegando, consideramos que acepta su uso.",
                accept="Aceptar", related="Artículos relacionados", rights="Todos los derechos reservados.",
                legal=["Aviso legal", "Política de privacidad", "Política de cookies", "Contacto"], search="Buscar",
                newsletter="Suscríbase a nuestro boletín", login="Iniciar sesión", password="Contraseña",
-               user="Usuario", tags="Explorar por etiqueta", notfound="Inicie sesión para continuar"),
+               user="Usuario", tags="Explorar por etiqueta", notfound="Inicie sesión para continuar",
+               helpful="¿Le resultó útil este artículo? Cuéntenos qué mejorar en el formulario de comentarios."),
     "pt": dict(home="Início", nav=["Ajuda", "Guias", "Blog", "Comunidade", "Downloads", "Sobre nós"],
                cookie="Usamos cookies para melhorar a sua experiência. Ao continuar navegando, você concorda com a nossa política.",
                accept="Aceitar", related="Artigos relacionados", rights="Todos os direitos reservados.",
                legal=["Termos de uso", "Política de privacidade", "Cookies", "Fale conosco"], search="Buscar",
                newsletter="Assine a nossa newsletter", login="Entrar", password="Senha", user="Usuário",
-               tags="Navegar por etiqueta", notfound="Entre para continuar"),
+               tags="Navegar por etiqueta", notfound="Entre para continuar",
+               helpful="Este artigo foi útil? Conte-nos o que melhorar no formulário de comentários."),
 }
 for _lang, _words in {"fr": ("Accueil", "Aide", "Tous droits réservés."), "de": ("Startseite", "Hilfe", "Alle Rechte vorbehalten."),
                       "it": ("Home", "Aiuto", "Tutti i diritti riservati."), "nl": ("Home", "Hulp", "Alle rechten voorbehouden."),
@@ -205,7 +210,7 @@ class DocumentPlan:
     # -- real text
 
     def _article(self, a: Article, site: Site, kind: str) -> Doc:
-        return Doc(kind, a.lang, a.title, list(a.blocks), site, f"/{site.section}/{slug(a.title)}", a.origin)
+        return Doc(kind, a.lang, a.title, list(a.blocks) + signoff(site), site, f"/{site.section}/{slug(a.title)}", a.origin)
 
     def _near_duplicate(self, d: Doc) -> Doc:
         """The same article re-published elsewhere with 1-3 words changed (a typo fixed, a date bumped)."""
@@ -230,7 +235,8 @@ class DocumentPlan:
     def _short(self, d: Doc, i: int) -> Doc:
         text = next((b.text for b in d.blocks if b.tag == "p"), d.title)
         sentence = re.split(r"(?<=[.!?])\s", text)[0][:200]
-        return Doc("short", d.lang, d.title, [Block("p", sentence)], d.site, f"{d.path}/comment-{i}", f"first sentence of {d.origin}")
+        return Doc("short", d.lang, d.title, [Block("p", sentence)] + signoff(d.site), d.site, f"{d.path}/comment-{i}",
+                   f"first sentence of {d.origin}")
 
     def _word_salad(self, d: Doc, i: int) -> Doc:
         """Real words of a real article in random order: passes simple counts, reads as nonsense."""
@@ -388,6 +394,18 @@ class DocumentPlan:
             else:
                 seen[url] = 0
             d.url = url
+
+
+# The help sites' article template ends every page with a feedback line inside the article, where
+# extraction keeps it: the site-wide line that line-level dedup is there to remove (and a stub page
+# of one sentence plus that line is left too short: lines:too_short).
+SIGNOFF_SITES = {"pydoc", "readme", "licence", "es", "pt"}
+
+
+def signoff(site: Site) -> list[Block]:
+    if not any(site is SITES[k] for k in SIGNOFF_SITES):
+        return []
+    return [Block("p", BOILERPLATE[site.lang]["helpful"])]
 
 
 def cpf(rng: random.Random) -> str:
