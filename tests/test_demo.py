@@ -189,7 +189,7 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
     # their own tests, and the stages that need their models stay off in configs/curate/demo.yaml
     # a tenth of the corpus has a tenth of each site's pages: a line is "repeated" from 5 of them.
     # (A limit met only by the licence texts made this test depend on which package versions pip
-    # resolved: they decide the seeded sample. The sites' feedback line is in every page of them.)
+    # resolved: they decide the seeded sample. The help sites' feedback line is on all their pages.)
     # A dataset of its own: the default name ("run", from the folder) is shared with other tests of
     # the session, and the lines and dedup indexes of a dataset carry counts between its runs.
     ctx = DemoContext(data_dir=tmp_path / "data", run_dir=tmp_path / "run", scale=SMALL,
