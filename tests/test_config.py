@@ -53,3 +53,19 @@ def test_cli_missing_input(tmp_path, capsys):
     cfg.write_text("{}\n")
     assert main(["curate", str(cfg), "--input", str(tmp_path / "nope/*.jsonl")]) == 2
     assert "input not found" in capsys.readouterr().err
+
+
+def test_every_shipped_config_loads_with_its_model():
+    """configs/<name>/*.yaml for every config name `quipu config show` knows: a key renamed in a
+    model, or a new config with a typo, fails here rather than in a user's run."""
+    from pathlib import Path
+
+    from quipu.flows.config import CONFIG_MODELS, config_model
+    root = Path(__file__).resolve().parents[1] / "configs"
+    checked = []
+    for name in CONFIG_MODELS:
+        for path in sorted((root / name).glob("*.yaml")):
+            load_config(config_model(name), path)
+            checked.append(f"{name}/{path.name}")
+    assert "ppl/smollm2-shared.yaml" in checked and "ppl/smollm2-shared-frozen12.yaml" in checked, checked
+    assert len(checked) >= 10, checked

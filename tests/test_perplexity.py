@@ -32,6 +32,15 @@ def noisy_texts(n: int, seed: int = 0) -> tuple[list[str], list[float]]:
         noise.append(p)
     return texts, noise
 
+def rare_letter_labels(teacher, n: int, seed: int) -> tuple[list[str], list[list[float]], list[float]]:
+    """Noisy texts with per-token targets a student can learn from the teacher's tokens: 6 nats for a
+    piece holding a rare letter, 1 otherwise; and their document means."""
+    texts = noisy_texts(n, seed=seed)[0]
+    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
+    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
+    return texts, tokens, [sum(t) / len(t) for t in tokens]
+
+
 
 # ---- a tiny teacher -----------------------------------------------------------------------------
 
@@ -205,10 +214,7 @@ def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
     from quipu.trainer.wayra import StudentError, WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
-    texts = noisy_texts(200, seed=12)[0]
-    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
-    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
-    labels = [sum(t) / len(t) for t in tokens]
+    texts, tokens, labels = rare_letter_labels(teacher, 200, seed=12)
     arch = WayraArch(tokenizer="teacher", head="token", d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=32,
                      nll_feature=False)
     student, metrics = distill(texts[:160], labels[:160], arch,
@@ -246,10 +252,7 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
     assert len(body.layers) == 1
     assert all(torch.equal(v, theirs[k]) for k, v in body.state_dict().items())
 
-    texts = noisy_texts(200, seed=12)[0]
-    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
-    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
-    labels = [sum(t) / len(t) for t in tokens]
+    texts, tokens, labels = rare_letter_labels(teacher, 200, seed=12)
     settings = DistillSettings(epochs=8, lm_weight=0.0, lr=3e-3, body_lr=1e-3, threads=1, patience=8)
     student, metrics = distill(texts[:160], labels[:160], arch, settings, log=lambda m: None, teacher_model=teacher,
                                token_labels=tokens[:160])
@@ -281,16 +284,43 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
         teacher_body(arch)          # no teacher config: nothing to build the body from
 
 
+def test_frozen_teacher_body_trains_only_the_head(tmp_path, tiny_teacher_dir):
+    """train.freeze_body: the teacher's layers stay exactly the teacher's, the head learns from their
+    states computed once, and the student predicts as well as it validated; an own body refuses it."""
+    import torch
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    from quipu.trainer.wayra import StudentError, WayraArch, WayraStudent
+    from quipu.trainer.wayra_train import DistillSettings, distill, spearman
+    teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
+    texts, tokens, labels = rare_letter_labels(teacher, 200, seed=15)
+    arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=2, d_model=32, max_len=32,
+                     nll_feature=False)
+    logs: list[str] = []
+    student, metrics = distill(texts[:160], labels[:160], arch,
+                               DistillSettings(epochs=6, lm_weight=0.0, lr=3e-3, threads=1, patience=6, freeze_body=True),
+                               log=logs.append, teacher_model=teacher, token_labels=tokens[:160])
+    assert any(m.startswith("frozen body: states of 144 documents") for m in logs), logs
+    theirs = teacher.model.model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in student.model.body.state_dict().items())
+    assert metrics["trained_params"] == sum(p.numel() for p in student.model.head.parameters())
+    pred = student.predict_log_ppl(texts[160:])
+    assert spearman(pred, labels[160:]) > 0.8, metrics
+    student.save(tmp_path / "s")
+    assert WayraStudent.load(tmp_path / "s").predict_log_ppl(texts[160:]) == pytest.approx(pred, abs=1e-6)
+    with pytest.raises(StudentError, match="freeze_body needs student.body: teacher"):
+        distill(texts[:20], labels[:20], WayraArch(tokenizer="teacher", head="token", d_model=32, n_heads=4, max_len=32,
+                                                   nll_feature=False),
+                DistillSettings(epochs=1, lm_weight=0.0, freeze_body=True), log=lambda m: None,
+                teacher_model=teacher, token_labels=tokens[:20])
+
+
 def test_lens_feature_student_trains_saves_and_loads(tmp_path, tiny_teacher_dir):
     """lens_feature: the head also sees each token's tied-embedding score from the previous state."""
     from quipu.trainer.teacher import Teacher, TeacherSettings
     from quipu.trainer.wayra import WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
-    texts = noisy_texts(200, seed=14)[0]
-    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
-    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
-    labels = [sum(t) / len(t) for t in tokens]
+    texts, tokens, labels = rare_letter_labels(teacher, 200, seed=14)
     arch = WayraArch(tokenizer="teacher", head="token", body="teacher", teacher_layers=1, d_model=32, max_len=32,
                      nll_feature=False, lens_feature=True)
     student, metrics = distill(texts[:160], labels[:160], arch,
@@ -312,10 +342,7 @@ def test_assistant_student_labels_unlabelled_text_for_a_smaller_student(tiny_tea
     from quipu.trainer.wayra import StudentError, WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
-    texts = noisy_texts(300, seed=13)[0]
-    pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
-    tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
-    labels = [sum(t) / len(t) for t in tokens]
+    texts, tokens, labels = rare_letter_labels(teacher, 300, seed=13)
     arch = WayraArch(tokenizer="teacher", head="token", d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=32,
                      nll_feature=False)
     settings = DistillSettings(epochs=8, lm_weight=0.0, lr=3e-3, threads=1, patience=8)

@@ -282,11 +282,12 @@ class WayraModel(nn.Module):
                               reduction="none").view(ids.shape[0], -1)
         return nll * mask[:, 1:]
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, lm: bool = False
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, lm: bool = False, hidden: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(standardised log-ppl prediction, LM loss sum, LM target count, per-position predictions or
-        None); the LM loss only with `lm`, per-position predictions only with `head: token`."""
-        h = self.hidden(ids, mask)
+        None); the LM loss only with `lm`, per-position predictions only with `head: token`. `hidden`:
+        the body's states when they are already known (a frozen body in training)."""
+        h = self.hidden(ids, mask) if hidden is None else hidden
         m = mask.to(torch.float32)      # sums over a document stay fp32 under bf16 autocast
         if self.arch.head == "token":
             if self.arch.lens_feature:

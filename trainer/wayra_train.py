@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.trainer.wayra import (BOS, PAD, Device, StudentError, WayraArch, WayraModel, WayraStudent, encode,
+                                 length_batches,
                                  load_teacher_layers, pad_batch, pca_embeddings, resolve_device, teacher_tokenizer,
                                  train_tokenizer)
 
@@ -41,6 +42,9 @@ class DistillSettings(BaseModel):
     doc_weight: float = Field(1.0, ge=0, description="student.head: token — weight of the document-mean loss next to the per-token loss")
     body_lr: float | None = Field(None, gt=0, le=1, description="student.body: teacher — peak learning rate of the "
                                                                 "teacher's layers (None: lr, which the head gets)")
+    freeze_body: bool = Field(False, description="student.body: teacher — keep the teacher's layers as they are: their "
+                                                 "states are computed once (memory: documents x max_len x hidden "
+                                                 "in bf16) and only the head trains; deep bodies train in minutes")
     device: Device = Field("auto", description="auto: CUDA when a GPU is visible (bf16 autocast), else the CPU")
 
 
@@ -65,6 +69,8 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
 def checked_arch(arch: WayraArch, settings: DistillSettings, teacher_model, token_labels, n_texts: int):
     """The architecture completed from the teacher (its HF config for `body: teacher`), and the
     per-token labels (empty ones for `head: document`); raises StudentError for what cannot work."""
+    if settings.freeze_body and arch.body != "teacher":
+        raise StudentError("train.freeze_body needs student.body: teacher (an own body has nothing to keep)")
     if arch.body == "teacher":
         if teacher_model is None:
             raise StudentError("student.body: teacher needs the teacher model")
@@ -182,9 +188,12 @@ def build_student(d: DistillData, settings: DistillSettings, teacher_model) -> t
         # frozen: most of the student's parameters, rows of tokens the labelled text never shows would
         # not move anyway, and their Adam state would cost twice their size
         model.body.get_input_embeddings().weight.requires_grad_(False)
-        groups = [{"params": [p for p in model.body.parameters() if p.requires_grad],
-                   "lr": settings.body_lr or settings.lr},
-                  {"params": list(model.head.parameters()), "lr": settings.lr}]
+        if settings.freeze_body:
+            model.body.requires_grad_(False)
+        groups = [{"params": list(model.head.parameters()), "lr": settings.lr}]
+        if not settings.freeze_body:
+            groups.insert(0, {"params": [p for p in model.body.parameters() if p.requires_grad],
+                              "lr": settings.body_lr or settings.lr})
     else:
         if d.init is not None:
             with torch.no_grad():
@@ -232,17 +241,41 @@ def lm_epoch(model: WayraModel, opt, sched, d: DistillData, settings: DistillSet
     return tot / max(cnt, 1)
 
 
+def body_states(model: WayraModel, d: DistillData, settings: DistillSettings) -> dict[int, torch.Tensor]:
+    """`freeze_body`: the frozen body's states of every training document, computed once (bf16)."""
+    device = next(model.parameters()).device
+    states: dict[int, torch.Tensor] = {}
+    model.eval()
+    with torch.inference_mode():
+        for b in length_batches([len(d.seqs[i]) for i in d.train_idx], settings.batch_size * 4):
+            docs = [d.train_idx[k] for k in b]
+            ids, mask = pad_batch([d.seqs[i] for i in docs], d.pad_id, device)
+            with model.precision():
+                h = model.hidden(ids, mask)
+            for r, i in enumerate(docs):
+                states[i] = h[r, :len(d.seqs[i])].to(torch.bfloat16).clone()
+    return states
+
+
 def regression_epoch(model: WayraModel, opt, sched, d: DistillData, settings: DistillSettings,
-                     rng: random.Random) -> tuple[float, float]:
+                     rng: random.Random, states: dict[int, torch.Tensor] | None = None) -> tuple[float, float]:
     """One pass of the regression loss (per token and per document) plus the auxiliary LM loss;
-    returns (mean standardised regression loss, mean LM loss)."""
+    returns (mean standardised regression loss, mean LM loss). With `states` (a frozen body's), the
+    head reads them instead of running the body."""
     model.train()
     reg_tot = lm_tot = lm_cnt = 0.0
     device = next(model.parameters()).device
     for b in _batches(d.train_idx, settings.batch_size, rng, [len(s) for s in d.seqs]):
         ids, mask = pad_batch([d.seqs[i] for i in b], d.pad_id, device)
+        hidden = None
+        if states is not None:
+            # kept in bf16 (memory); the head reads them in its own dtype
+            hidden = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]),
+                                 dtype=next(model.head.parameters()).dtype, device=device)
+            for r, i in enumerate(b):
+                hidden[r, :len(d.seqs[i])] = states[i]
         with model.precision():
-            pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0)
+            pred, lm_sum, lm_n, per_token = model(ids, mask, lm=settings.lm_weight > 0, hidden=hidden)
         reg = F.mse_loss(pred, d.target[b].to(device))
         if per_token is not None:
             tz, tmask = pad_token_targets([d.token_z[i] for i in b], ids.shape[1])
@@ -294,8 +327,12 @@ def distill(texts: Sequence[str], labels: Sequence[float], arch: WayraArch, sett
         log(f"pretrain epoch {ep + 1}: LM loss {lm_epoch(model, opt, sched, d, settings, rng):.3f}")
     best = {"spearman": -2.0, "epoch": 0, "state": None}
     history = []
+    states = None
+    if settings.freeze_body and d.arch.body == "teacher":
+        states = body_states(model, d, settings)
+        log(f"frozen body: states of {len(states)} documents computed once ({time.perf_counter() - t0:.0f}s)")
     for ep in range(settings.epochs):
-        mse, lm = regression_epoch(model, opt, sched, d, settings, rng)
+        mse, lm = regression_epoch(model, opt, sched, d, settings, rng, states)
         val_pred = student.predict_log_ppl(d.val_texts)
         rho = spearman(val_pred, d.val_y)
         rmse = float(np.sqrt(np.mean((np.array(val_pred) - np.array(d.val_y)) ** 2)))
