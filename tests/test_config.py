@@ -67,5 +67,5 @@ def test_every_shipped_config_loads_with_its_model():
         for path in sorted((root / name).glob("*.yaml")):
             load_config(config_model(name), path)
             checked.append(f"{name}/{path.name}")
-    assert "ppl/smollm2-shared.yaml" in checked and "ppl/smollm2-shared-frozen12.yaml" in checked, checked
+    assert "ppl/smollm2-shared.yaml" in checked and "ppl/smollm2-shared-frozen16.yaml" in checked, checked
     assert len(checked) >= 10, checked
