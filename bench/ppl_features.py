@@ -88,6 +88,7 @@ def main() -> None:
 
 def extend(args, layers: list[int]) -> None:
     """Run decoder layers from_layer+1..max(layers) over the cached states of this part."""
+    from transformers.masking_utils import create_causal_mask
     teacher = Teacher(None, TeacherSettings(max_tokens=128, bf16=True, threads=args.threads))
     base = getattr(teacher.model, teacher.model.base_model_prefix)
     meta = np.load(OUT / f"meta-{args.part}.npz")
@@ -107,7 +108,6 @@ def extend(args, layers: list[int]) -> None:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             pos = torch.arange(width)[None].expand(len(idx), -1)
             rope = base.rotary_emb(x, pos)
-            from transformers.masking_utils import create_causal_mask
             causal = create_causal_mask(config=base.config, inputs_embeds=x, attention_mask=mask,
                                         cache=None, position_ids=pos)
             for n, layer in enumerate(base.layers[args.from_layer:max(layers)], start=args.from_layer + 1):

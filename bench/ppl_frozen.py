@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-from scipy.stats import spearmanr
+
+from quipu.trainer.wayra_train import spearman
 
 ROOT = Path(__file__).parent / "out" / "ppl"
 FEATS = ROOT / "feats"
@@ -44,7 +45,7 @@ def states(name: str, parts: int = 2) -> list[np.ndarray]:
     return [np.load(FEATS / f"{name}-{p}.npy", mmap_mode="r") for p in range(parts)]
 
 
-def gather(arrs, meta, docs, doc_ids, layer: str | None, shift: int):
+def gather(arrs, docs, doc_ids, shift: int):
     """Rows for target positions j = 1..n-1 of each document: the array at j - shift (shift 0: the
     state at the scored token; 1: at the position that predicts it)."""
     out = []
@@ -146,17 +147,17 @@ def main():
         for k in folds:
             tr = [i for i, d in enumerate(src) if d["fold"] != k and i in docs]
             te = [i for i, d in enumerate(src) if d["fold"] == k and i in docs]
-            y_tr = gather(nll, meta, docs, tr, None, 0)
+            y_tr = gather(nll, docs, tr, 0)
             sl_te = doc_slices(docs, te)
-            y_te = gather(nll, meta, docs, te, None, 0)
+            y_te = gather(nll, docs, te, 0)
 
             def features(doc_ids, w_state=None, w_lse=None):
                 cols = []
                 if "state" in feats:
-                    cols.append(gather(h, meta, docs, doc_ids, layer, 0))
-                tok = gather(ids, meta, docs, doc_ids, None, 0).astype(np.int64)
+                    cols.append(gather(h, docs, doc_ids, 0))
+                tok = gather(ids, docs, doc_ids, 0).astype(np.int64)
                 if "lens" in feats or "tuned" in feats or "tuned_nll" in feats:
-                    prev = gather(h, meta, docs, doc_ids, layer, 1)
+                    prev = gather(h, docs, doc_ids, 1)
                     e = embeddings()[tok]
                     if "lens" in feats:
                         cols.append(((prev * e).sum(1) / prev.shape[1] ** 0.5)[:, None])
@@ -170,7 +171,7 @@ def main():
                         if "tuned_nll" in feats:
                             cols.append((z_lse - logit)[:, None])
                 if "true_lse" in feats:     # the teacher's own log-normaliser: NLL = lse - logit exactly
-                    cols.append(gather(lse, meta, docs, doc_ids, None, 1)[:, None])
+                    cols.append(gather(lse, docs, doc_ids, 1)[:, None])
                 return np.concatenate(cols, axis=1)
 
             def embeddings():
@@ -183,9 +184,9 @@ def main():
             w_state = w_lse = None
             if "tuned" in feats or "tuned_nll" in feats:
                 # the hidden-state target: the teacher's final state at j - 1 from the layer-L state at j - 1
-                prev_tr = gather(h, meta, docs, tr, layer, 1)
-                w_state = ridge(prev_tr, gather(final, meta, docs, tr, "final", 1))
-                w_lse = ridge(prev_tr, gather(lse, meta, docs, tr, None, 1)[:, None])
+                prev_tr = gather(h, docs, tr, 1)
+                w_state = ridge(prev_tr, gather(final, docs, tr, 1))
+                w_lse = ridge(prev_tr, gather(lse, docs, tr, 1)[:, None])
                 del prev_tr
             x_tr, x_te = features(tr, w_state, w_lse), features(te, w_state, w_lse)
             if feats == ["tuned_nll"]:
@@ -198,10 +199,10 @@ def main():
             source += [src[i]["source"] for i in te]
             print(f"{name}: fold {k} done ({len(te)} docs, {time.time() - t0:.0f}s)", flush=True)
         pred, teach, lang = np.array(pred), np.array(teach), np.array(lang)
-        r = {"n": len(pred), "spearman": round(float(spearmanr(teach, pred).statistic), 4), "seconds": round(time.time() - t0)}
+        r = {"n": len(pred), "spearman": round(spearman(teach, pred), 4), "seconds": round(time.time() - t0)}
         for lg in ("en", "es", "pt"):
             m = lang == lg
-            r[lg] = round(float(spearmanr(teach[m], pred[m]).statistic), 4)
+            r[lg] = round(spearman(teach[m], pred[m]), 4)
         key = name if (args.epochs, args.hidden) == (3, 128) else f"{name} (head {args.hidden}, {args.epochs} epochs)"
         results[key] = r
         print(key, r, flush=True)
