@@ -32,6 +32,7 @@ def noisy_texts(n: int, seed: int = 0) -> tuple[list[str], list[float]]:
         noise.append(p)
     return texts, noise
 
+
 def rare_letter_labels(teacher, n: int, seed: int) -> tuple[list[str], list[list[float]], list[float]]:
     """Noisy texts with per-token targets a student can learn from the teacher's tokens: 6 nats for a
     piece holding a rare letter, 1 otherwise; and their document means."""
@@ -39,7 +40,6 @@ def rare_letter_labels(teacher, n: int, seed: int) -> tuple[list[str], list[list
     pieces = [teacher.tokenizer.convert_ids_to_tokens(ids[1:]) for ids in teacher.encode(texts)]
     tokens = [[6.0 if any(c in p for c in "qxzjkvw") else 1.0 for p in ps] for ps in pieces]
     return texts, tokens, [sum(t) / len(t) for t in tokens]
-
 
 
 # ---- a tiny teacher -----------------------------------------------------------------------------
