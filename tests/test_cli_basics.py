@@ -49,8 +49,11 @@ def test_config_defaults_are_a_valid_config(tmp_path):
     from quipu.trainer.train import TrainConfig
     p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "config", "show", "curate", "--defaults"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    (tmp_path / "c.yaml").write_text(p.stdout)
+    assert p.returncode == 0, p.stderr
     from quipu.flows.curate import CurateConfig
+    # every key written out at its default (an empty file would also load as the defaults)
+    assert yaml.safe_load(p.stdout) == CurateConfig().model_dump(mode="json")
+    (tmp_path / "c.yaml").write_text(p.stdout)
     assert load_config(CurateConfig, tmp_path / "c.yaml").model_dump() == CurateConfig().model_dump()
     assert "data.phases[].sources[].dataset" in subprocess.run(
         [sys.executable, "-m", "quipu.flows.cli", "config", "show", "train", "--brief"], cwd=ROOT,
@@ -73,6 +76,8 @@ def test_unknown_keys_suggest_the_closest_valid_one():
         load_config(TrainConfig, data={"data": {"phases": [{"name": "a", "sources": [{"datset": "x"}]}]}})
     except ConfigError as e:
         assert "did you mean 'data.phases.0.sources.0.dataset'?" in str(e)
+    else:
+        raise AssertionError("unknown key in a list of sections accepted")
 
 
 def test_max_steps_scales_warmup_and_phase_starts(tmp_path, capsys):

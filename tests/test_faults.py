@@ -39,36 +39,79 @@ BAD_VALUES = st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6), st.float
                        st.none(), st.booleans())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(key=st.sampled_from(LEAVES), value=BAD_VALUES)
-def test_fuzzed_value_is_accepted_or_refused_naming_the_key(key, value):
+def _field(key: tuple):
+    """The pydantic field a dotted key of the curate config ends at."""
+    model = CurateConfig
+    for part in key[:-1]:
+        model = model.model_fields[part].annotation
+    return model.model_fields[key[-1]]
+
+
+def _names(msg: str, dotted: str) -> bool:
+    """`dotted` appears in the message as a whole key (`dedup.threshold`, not inside `x_dedup.thresholds`)."""
+    import re
+    return re.search(rf"(?<![\w.]){re.escape(dotted)}(?![\w])", msg) is not None
+
+
+def _nested(key: tuple, value) -> dict:
     data: dict = {}
     node = data
     for part in key[:-1]:
         node = node.setdefault(part, {})
     node[key[-1]] = value
+    return data
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(LEAVES), value=BAD_VALUES)
+def test_fuzzed_value_is_accepted_or_refused_naming_the_key(key, value):
+    """The field's own type (a TypeAdapter of its annotation, not load_config) is the oracle: a value
+    it refuses must be refused by load_config; a value load_config accepts must be in the config as given."""
+    import math
+
+    from pydantic import TypeAdapter, ValidationError
+    field = _field(key)
     try:
-        load_config(CurateConfig, data=data)
+        expected = TypeAdapter(field.annotation).validate_python(value)
+        field_accepts = True
+    except ValidationError:
+        field_accepts = False
+    try:
+        cfg = load_config(CurateConfig, data=_nested(key, value))
     except ConfigError as e:
-        # the message names the key (or, for a cross-field rule, its section)
-        assert ".".join(key[:-1]) in str(e) or ".".join(key) in str(e), str(e)
+        msg = str(e)
+        # the message names the key; a cross-field rule may name the key's section instead (never "")
+        assert _names(msg, ".".join(key)) or (len(key) > 1 and _names(msg, ".".join(key[:-1]))), msg
+    else:
+        got = cfg
+        for part in key:
+            got = getattr(got, part)
+        # what was loaded is of the field's type (a field validator may have converted the value) ...
+        TypeAdapter(field.annotation).validate_python(got)
+        if field_accepts:   # ... and a value of that type is loaded as given
+            same_nan = isinstance(got, float) and isinstance(expected, float) and math.isnan(got) and math.isnan(expected)
+            assert same_nan or got == expected, f"{'.'.join(key)}={value!r} loaded as {got!r}"
+
+
+SECTIONS = {k[:i] for k in LEAVES for i in range(1, len(k))}
+
+
+PARTS = st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=10), min_size=1, max_size=3)
 
 
 @settings(max_examples=100, deadline=None)
-@given(path=st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=10), min_size=1, max_size=3))
-def test_fuzzed_unknown_key_is_refused_naming_it(path):
-    key = tuple(path)
-    if key in LEAVES or any(key[:i] in {k[:i] for k in LEAVES} and i == len(key) for i in range(1, len(key) + 1)):
+@given(known=st.sampled_from([()] + sorted(SECTIONS | set(LEAVES))), path=PARTS)
+def test_fuzzed_unknown_key_is_refused_naming_it(known, path):
+    """Random parts after a real section or key (or at the top level)."""
+    key = tuple(known) + tuple(path)
+    known = next((i for i in range(len(key), 0, -1) if key[:i] in SECTIONS or key[:i] in LEAVES), 0)
+    if known == len(key):
         return  # a real key or section
-    data: dict = {}
-    node = data
-    for part in key[:-1]:
-        node = node.setdefault(part, {})
-    node[key[-1]] = 1
-    try:
-        load_config(CurateConfig, data=data)
-    except ConfigError as e:
-        assert any(".".join(key[:i]) in str(e) for i in range(1, len(key) + 1)), str(e)
+    # the first unknown part, or the leaf that was given a section instead of a value
+    named = key[:known] if key[:known] in LEAVES else key[:known + 1]
+    with pytest.raises(ConfigError) as e:
+        load_config(CurateConfig, data=_nested(key, 1))
+    assert _names(str(e.value), ".".join(named)), str(e.value)
 
 
 @pytest.mark.parametrize("text", ["langid: [1, 2", "- a\n- b\n", "extract:\n  timeout_s: -1\n", "\tbad: tab\n"])
