@@ -107,6 +107,18 @@ def register_dataset(name: str, kind: str, path: str, run_id: str | None,
     return ds_id
 
 
+def forget_dataset_path(path: str, kind: str) -> int:
+    """Drop the datasets of `kind` registered at `path` (and their shards): what a run registered
+    there is gone (an `--overwrite` run that wrote none). Returns how many were dropped."""
+    t = db.datasets
+    with db.engine().begin() as conn:
+        ids = [r[0] for r in conn.execute(sa.select(t.c.id).where(t.c.path == path, t.c.kind == kind))]
+        for ds_id in ids:
+            conn.execute(sa.delete(db.shards).where(db.shards.c.dataset_id == ds_id))
+            conn.execute(sa.delete(t).where(t.c.id == ds_id))
+    return len(ids)
+
+
 def dataset_versions(name: str, kind: str = "curated") -> list[dict]:
     """Every version of a dataset, oldest first, each with its shards (ordered by path)."""
     t = db.datasets

@@ -384,5 +384,7 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
         qshards = [{"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "bytes": p.stat().st_size,
                     "sha256": sha256_file(p)} for p in sorted(qdir.glob("*.parquet"))]
         registry.register_dataset(f"{name}/quarantine", "quarantine", str(qdir), run_id, qshards)
+    else:   # nothing quarantined: an earlier run's quarantine here (cleared by --overwrite) is gone
+        registry.forget_dataset_path(str(qdir), "quarantine")
     registry.record_lineage(run_id, "input", [{"path": p} for p in dict.fromkeys(f["source"] for f in results_extract["files"])])
     registry.record_lineage(run_id, "output", [{"path": str(config.context().curated), "dataset_id": ds_id}])

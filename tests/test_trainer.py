@@ -183,6 +183,37 @@ def test_phase_boundary_past_the_end(prepared, tmp_path):
         resolve_phase_starts(cfg.data, 8, lambda s: cfg.schedule.fraction(s, 8))
 
 
+def measured_source_tokens(batcher: Batcher, steps: range) -> np.ndarray:
+    """Tokens per source in the rows the trainer reads at `steps` (beginning at a phase start), measured
+    on the tokens themselves: the rows laid end to end are the token stream (row j holds tokens
+    [jL, jL+L)); a document starts where a segment starts inside a row, or at a row's first token when
+    the row before masks its last target. Each document is matched to the source document it is a
+    prefix of, and its tokens count for that source."""
+    tokens, starts = [], []
+    starts_doc = True
+    for step in steps:
+        x, y, _, seg = batcher.rows(step, range(batcher.rows_per_step))
+        for row, row_y, row_seg in zip(x, y, seg):
+            flag = np.r_[starts_doc, row_seg[1:] != row_seg[:-1]]
+            tokens.append(row)
+            starts.append(flag)
+            starts_doc = row_y[-1] == -100
+    tokens, starts = np.concatenate(tokens), np.concatenate(starts)
+    bounds = np.r_[np.flatnonzero(starts), len(tokens)]
+    docs = {si: [src.train.doc(int(d)).tolist() for d in src.train_docs] for si, src in enumerate(batcher.sources)}
+    counts = np.zeros(len(batcher.sources), dtype=np.int64)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        doc = tokens[a:b].tolist()
+        owners = {si for si, ds in docs.items() if any(d[:len(doc)] == doc for d in ds)}
+        assert len(owners) == 1, f"a document of {len(doc)} tokens at stream position {a} matches sources {owners}"
+        counts[owners.pop()] += len(doc)
+    return counts
+
+
+def available_tokens(src) -> int:
+    return sum(len(src.train.doc(int(d))) for d in src.train_docs)
+
+
 def test_continued_pretraining_phase_starts_at_lr_fraction(prepared, tmp_path):
     phases = [{"sources": [{"dataset": "tr-en", "weight": 1.0}]},
               {"name": "target", "start_lr_fraction": 0.2, "sources": [{"dataset": "tr-es", "epochs": 2.0}]}]
@@ -193,22 +224,34 @@ def test_continued_pretraining_phase_starts_at_lr_fraction(prepared, tmp_path):
     assert cfg.schedule.fraction(s, 100) <= 0.2 < cfg.schedule.fraction(s - 1, 100)
     info = json.loads((prepared / "prepared.json").read_text())
     phases_built, batcher = plan_data(cfg, load_sources(cfg, info))
+    # measured on the rows the trainer reads: up to the boundary English only, from it Spanish only
+    en_i, es_i = [src.name for src in batcher.sources].index("tr-en"), [src.name for src in batcher.sources].index("tr-es")
+    before = measured_source_tokens(batcher, range(0, s))
+    after = measured_source_tokens(batcher, range(s, 100))
+    assert before[es_i] == 0 and before[en_i] == s * 4 * 32
+    assert after[en_i] == 0 and after[es_i] == (100 - s) * 4 * 32
+    # the report's repetitions of the target data are what the stream holds
     rep = phases_built[1].report[0]
     assert rep["source"] == "tr-es" and rep["share"] == 1.0
-    assert rep["repetitions"] == pytest.approx(rep["tokens"] / rep["available_tokens"], rel=1e-3)
-    # the step after the boundary reads the target blend's documents only
-    x, *_ = batcher.rows(s, range(4))
-    es_vocab = set(np.concatenate([batcher.sources[1].train.doc(int(i)) for i in batcher.sources[1].train_docs]).tolist())
-    assert set(x.flatten().tolist()) <= es_vocab
+    assert rep["repetitions"] == pytest.approx(after[es_i] / available_tokens(batcher.sources[es_i]), rel=0.01)
 
 
 def test_epoch_multipliers_give_shares(prepared, tmp_path):
+    """`epochs: 6` against `epochs: 1`: in the token stream each Spanish token is read six times as often
+    as each English one (measured on the rows, against the sources' token counts)."""
     phases = [{"sources": [{"dataset": "tr-en", "epochs": 1.0}, {"dataset": "tr-es", "epochs": 6.0}]}]
-    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases}))
+    cfg = load_config(TrainConfig, data=base_config(tmp_path, **{"data.phases": phases, "train.max_steps": 120}))
     info = json.loads((prepared / "prepared.json").read_text())
-    phases_built, _ = plan_data(cfg, load_sources(cfg, info))
-    en, es = phases_built[0].report
-    assert es["share"] / en["share"] == pytest.approx(6 * es["available_tokens"] / en["available_tokens"], rel=1e-4)
+    phases_built, batcher = plan_data(cfg, load_sources(cfg, info))
+    counts = measured_source_tokens(batcher, range(120))
+    names = [src.name for src in batcher.sources]
+    en, es = (counts[names.index(n)] / available_tokens(batcher.sources[names.index(n)]) for n in ("tr-en", "tr-es"))
+    assert counts.sum() == 120 * 4 * 32
+    assert es / en == pytest.approx(6.0, rel=0.1), (es, en, counts)
+    # and along the stream, not only in total: the first quarter holds the same blend
+    first = measured_source_tokens(batcher, range(30))
+    assert first[names.index("tr-es")] / first.sum() == pytest.approx(
+        counts[names.index("tr-es")] / counts.sum(), abs=0.05), (first, counts)
 
 
 def test_curriculum_orders_by_ppl_and_control_shuffles(prepared, tmp_path):
