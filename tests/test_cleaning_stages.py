@@ -246,7 +246,13 @@ def test_lines_plan_is_the_same_in_one_or_many_partitions(tmp_path):
 def test_detached_pii_and_urls_need_no_run_folder():
     # per-batch stages work on a bare table (notebooks); the global line stage needs a run folder
     from quipu.tasks.lines import LineDedup
-    PiiRedaction(PiiConfig()).process(pa.table({"id": ["a"], "text": ["x"]}))
+    pii = PiiRedaction(PiiConfig()).process(pa.table({"id": ["a", "b"], "text": ["write to juan.perez@gmail.com", "x"]}))
+    assert pii.kept.column("text").to_pylist()[1] == "x"
+    assert "juan.perez@gmail.com" not in pii.kept.column("text").to_pylist()[0]
+    urls = UrlFilter(UrlsConfig()).process(pa.table({"id": ["a", "b"], "text": ["x", "y"],
+                                                     "url": ["http://xvideos.com/v", "https://g1.globo.com/economia/"]}))
+    assert urls.kept.column("id").to_pylist() == ["b"]
+    assert urls.removed.column("reason").to_pylist() == ["url:blocklist:adult"]
     with pytest.raises(RuntimeError, match="detached"):
         LineDedup(LinesConfig()).layout
     assert RunContext(run_dir="r").layout("lines").root.name == "lines"
