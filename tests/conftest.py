@@ -90,6 +90,24 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def missing_install(reason: str) -> None:
+    """A tool the test needs is not on this machine: a skip with the reason for a user, but a failure
+    under CI=true, where .ci/run installs every such tool (a broken install step must not turn
+    tests into green skips)."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and .ci/run should have installed it: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_binary(*names: str, install: str) -> str:
+    """The path of the first of `names` on PATH, else `missing_install` (skip, or fail under CI)."""
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    missing_install(f"needs {' or '.join(names)} ({install}; .ci/run installs it)")
+
+
 def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the `quipu` CLI in a subprocess against the session's Prefect server."""
     start_prefect_server()

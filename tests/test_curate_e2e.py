@@ -121,9 +121,8 @@ def test_html_report_renders_in_chromium(reference_run, tmp_path):
     """`quipu report RUN --html`: one self-contained page, opened in headless chromium as a person
     would: it renders, its charts load (and nothing is fetched from the network), and the funnel's
     numbers are run.json's."""
-    import shutil
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.skip("needs Debian chromium (apt-get install chromium; .ci/run installs it)")
+    from tests.conftest import require_binary
+    require_binary("chromium", "chromium-browser", install="apt-get install chromium")
     from tests.ops_helpers import Chromium
     page_path = tmp_path / "report.html"
     p = run_quipu("report", str(reference_run), "--html", str(page_path))

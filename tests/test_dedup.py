@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from quipu.tasks.minhash import MinHasher, tokenize, words
 from quipu.tasks.driver import run_local
 from quipu.tasks.dedup_index import IndexMismatch
 from quipu.tasks.stage import RunContext, Shard, write_table
-from tests.conftest import ROOT, run_quipu
+from tests.conftest import ROOT, require_binary, run_quipu
 
 NGRAM = 5
 SOURCES = ["en_nltk_abc_news.jsonl", "es_nltk_cess_esp_news.jsonl", "pt_fakebr_news.jsonl",
@@ -145,9 +144,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("needs the redis-server binary (apt-get install -y redis-server; .ci/run installs it)")
+    exe = require_binary("redis-server", install="apt-get install -y redis-server")
     port = _free_port()
     workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -15,6 +15,7 @@ from quipu.catalog.files import sha256_file
 from quipu.flows.cli import main
 from quipu.flows.config import ConfigError, load_config
 from quipu.flows.curate import CurateConfig
+from tests.conftest import missing_install
 from tests.textgen import make_docs, write_jsonl
 
 
@@ -134,7 +135,7 @@ def small_tmpfs(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
     if os.geteuid() != 0 or not _mount(["-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)]):
-        pytest.skip("needs root and permission to mount a tmpfs (the OS refused)")
+        missing_install("needs root and permission to mount a tmpfs (the OS refused)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
@@ -173,10 +174,10 @@ def test_read_only_output_fails_clearly_and_keeps_earlier_outputs(prefect_server
     ro = tmp_path / "ro"
     ro.mkdir()
     if os.geteuid() != 0 or not _mount(["--bind", str(src), str(ro)]):
-        pytest.skip("needs root and permission to bind-mount (the OS refused)")
+        missing_install("needs root and permission to bind-mount (the OS refused)")
     try:
         if not _mount(["-o", "remount,ro,bind", str(ro)]):
-            pytest.skip("the OS refused a read-only remount")
+            missing_install("the OS refused a read-only remount")
         more = write_jsonl(tmp_path / "in2" / "more.jsonl", make_docs(30, seed=4))
         capsys.readouterr()
         rc = main(["curate", str(_config(tmp_path)), "--input", str(more), "--output", str(ro / "run")])

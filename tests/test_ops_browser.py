@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
+from tests.conftest import require_binary
 from tests.ops_helpers import ROOT, Chromium, PrefectServer, light_curate_config, small_jsonl
 
 
@@ -24,8 +24,7 @@ def _artifacts(api: str, flow_run_id: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.skip("needs Debian chromium (apt-get install chromium; .ci/run installs it)")
+    require_binary("chromium", "chromium-browser", install="apt-get install chromium")
     server = PrefectServer(tmp_path / "prefect-ui-home", ui=True).start()
     browser = None
     try:

@@ -9,6 +9,7 @@ import uuid
 import pytest
 import yaml
 
+from tests.conftest import missing_install, require_binary
 from tests.ops_helpers import ROOT, Postgres, PrefectServer, Redis, Worker, http_status, wait_until
 
 AUTH = "quipu:s3cret-test"
@@ -54,9 +55,8 @@ def test_compose_file_requires_secrets_binds_locally_and_installs_nothing_at_sta
 def team(tmp_path_factory):
     reason = Postgres.unavailable()
     if reason:
-        pytest.skip(reason)
-    if not __import__("shutil").which("redis-server"):
-        pytest.skip("redis-server not installed (apt-get install redis-server; .ci/run does)")
+        missing_install(reason)
+    require_binary("redis-server", install="apt-get install redis-server")
     tmp = tmp_path_factory.mktemp("team")
     pg = Postgres().start()
     redis = server = None
@@ -102,7 +102,10 @@ def test_worker_runs_a_deployment_on_the_postgres_server(team, tmp_path):
     server, pg = team["server"], team["pg"]
     assert pg.psql("SELECT extname FROM pg_extension WHERE extname = 'pg_trgm'", db="prefect") == "pg_trgm"
     assert int(pg.psql("SELECT count(*) FROM information_schema.tables WHERE table_name = 'flow_run'", db="prefect")) == 1
-    assert team["redis"].url.startswith("redis://")
+    import redis                                    # the team's Redis answers and stores (not a URL's spelling)
+    client = redis.Redis.from_url(team["redis"].url, socket_timeout=5)
+    assert client.ping() and client.set("quipu:team-check", "1") and client.get("quipu:team-check") == b"1"
+    client.delete("quipu:team-check")
     pool = f"team-{uuid.uuid4().hex[:6]}"
     raw = tmp_path / "raw"
     raw.mkdir()

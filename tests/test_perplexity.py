@@ -480,7 +480,8 @@ def test_ccnet_normalisation_keeps_accents():
 def _kenlm_or_skip():
     from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
     if not kenlm_available():
-        pytest.skip(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
+        from tests.conftest import missing_install
+        missing_install(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
 
 
 def test_kenlm_train_and_score(tmp_path):

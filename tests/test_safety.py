@@ -104,9 +104,8 @@ def test_dedup_index_never_lands_in_quipu_home_itself(tmp_path, monkeypatch):
 
 
 def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
-    import shutil
-    if not shutil.which("redis-server"):
-        pytest.skip("redis-server not installed (apt-get install redis-server; .ci/run does)")
+    from tests.conftest import require_binary
+    require_binary("redis-server", install="apt-get install redis-server")
     import redis
 
     from quipu.tasks.dedup_index import ConcurrentCommit, commit_lock
@@ -119,9 +118,19 @@ def test_redis_commit_lock_is_redis_py_lock_and_refuses_when_held(tmp_path):
             with pytest.raises(ConcurrentCommit, match="held by another run"):
                 with commit_lock(r, "t:commit-lock", ttl=30, wait_s=0.5):
                     pass
-        with commit_lock(r, "t:beat", ttl=1, wait_s=5) as lock:
-            import time
-            time.sleep(2.5)                              # longer than its lifetime: the heartbeat renews it
+        # the heartbeat renews the lock (every ttl/3): watched on the server, past the lock's lifetime.
+        # A 3 s lifetime tolerates a 2 s stall of this process (1 s flaked under load); what is
+        # checked is the renewals themselves, not only that the key is still there after a sleep.
+        import time
+        with commit_lock(r, "t:beat", ttl=3, wait_s=5) as lock:
+            start, last, renewals = time.monotonic(), r.pttl("t:beat"), 0
+            while time.monotonic() - start < 3.5 or renewals < 2:
+                assert time.monotonic() - start < 30, f"{renewals} renewals in 30 s"
+                time.sleep(0.05)
+                ttl_ms = r.pttl("t:beat")
+                assert ttl_ms > 0, "the lock expired while its holder ran"
+                renewals += ttl_ms > last + 100
+                last = ttl_ms
             assert lock.owned()
         assert r.get("t:beat") is None
         with commit_lock(r, "t:commit-lock", ttl=30, wait_s=5) as lock:
