@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# ../shared/data beside the clone; QUIPU_SHARED_DATA points elsewhere (a git worktree one level deeper)
+SHARED_DATA = Path(os.environ.get("QUIPU_SHARED_DATA") or ROOT.parent / "shared" / "data")
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="quipu-tests-"))
 
 

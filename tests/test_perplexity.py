@@ -46,11 +46,14 @@ def rare_letter_labels(teacher, n: int, seed: int) -> tuple[list[str], list[list
 
 @pytest.fixture(scope="module")
 def tiny_teacher_dir(tmp_path_factory) -> Path:
+    return build_tiny_teacher(tmp_path_factory.mktemp("tiny-teacher"))
+
+
+def build_tiny_teacher(d: Path) -> Path:
     """A randomly initialised 2-layer Llama with a BPE tokenizer, saved as a HF directory."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    d = tmp_path_factory.mktemp("tiny-teacher")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
