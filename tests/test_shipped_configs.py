@@ -199,7 +199,7 @@ def run_ppl(world: World, config: str) -> None:
 def run_train(world: World, config: str) -> None:
     out = world.out(config)
     sets = ["data.seq_len=32", "train.batch_size=2", "train.micro_batch=2", "eval.rows=2", "eval.sample_tokens=4",
-            "data.eval_docs_per_source=2", "tokenizer.vocab_size=512", "checkpoint.every=2", "eval.every=2"]
+            "data.eval_docs_per_source=2", "tokenizer.vocab_size=512", "checkpoint.every=4", "eval.every=4"]
     from quipu.flows.config import read_yaml
     if (read_yaml(ROOT / config).get("tokenizer") or {}).get("kind") not in (None, "bpe"):
         sets.remove("tokenizer.vocab_size=512")
@@ -232,3 +232,89 @@ def test_shipped_config_runs(world, config):
     if config in world.outputs:      # already run, as shipped, by the world it made (watch, curate)
         return
     RUNNERS[config.split("/")[1]](world, config)
+
+
+# ---- commands no other test runs: ppl label, a successful ppl eval, benchmarks ls ----------------
+
+def test_ppl_label_computes_then_reuses_the_teachers_labels(world, tmp_path, capsys):
+    """`quipu ppl label` with the shipped demo config: the labels it writes are the teacher's mean
+    token NLL (HF transformers' own loss, computed here), and a second run computes none."""
+    import math
+
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    out = tmp_path / "labels.jsonl"
+    args = ["ppl", "label", "configs/ppl/demo.yaml", "--input", str(world.jsonl), "--set", f"teacher.path={world.teacher}",
+            "--set", "label_docs=10", "--set", "teacher.max_tokens=16", "--set", f"labels_out={out}"]
+    assert _main(*args) == 0
+    first = capsys.readouterr().out
+    assert json.loads(first[first.rindex("\n{") + 1:])["computed"] == 10
+    labels = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(labels) == 10
+    texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in world.jsonl.read_text().splitlines()}
+    tok = AutoTokenizer.from_pretrained(world.teacher)
+    model = LlamaForCausalLM.from_pretrained(world.teacher).eval()
+    for row in labels:
+        ids = [tok.bos_token_id] + tok(texts[row["id"]], add_special_tokens=False)["input_ids"][:16]
+        with torch.no_grad():
+            loss = model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+        assert math.isclose(row["log_ppl"], loss, rel_tol=0.03), (row, loss)   # the config's bf16 teacher
+    out.unlink()
+    assert _main(*args) == 0
+    again = capsys.readouterr().out
+    stats = json.loads(again[again.rindex("\n{") + 1:])
+    assert stats["computed"] == 0 and stats["cached"] == 10, stats
+    assert [json.loads(line) for line in out.read_text().splitlines()] == labels
+
+
+def test_ppl_eval_reports_what_its_predictions_say(world, tmp_path):
+    """`quipu ppl eval` of the student the shipped demo config made (and the demo KenLM where built):
+    its Spearman is scipy's on the teacher and student scores it wrote per document."""
+    from scipy.stats import spearmanr
+    from quipu.trainer.kenlm_model import kenlm_available
+    student = world.outputs.get("configs/ppl/demo.yaml")
+    if student is None:
+        run_ppl(world, "configs/ppl/demo.yaml")
+        student = world.outputs["configs/ppl/demo.yaml"]
+    args = ["ppl", "eval", "--student", str(student), "--input", str(world.jsonl), "--teacher", str(world.teacher),
+            "--out", str(tmp_path / "eval.json"), "--predictions", str(tmp_path / "pred.jsonl"),
+            "--timing-docs", "4", "--rounds", "1"]
+    kenlm = world.out("configs/kenlm/demo.yaml")
+    if kenlm_available() and kenlm.is_dir():
+        args += ["--kenlm", str(kenlm)]
+    assert _main(*args) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    pred = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    n_docs = len(world.jsonl.read_text().splitlines())
+    assert result["n"] == len(pred) and 0 < len(pred) <= n_docs
+    rho = spearmanr([p["teacher"] for p in pred], [p["student"] for p in pred]).statistic
+    assert abs(result["spearman_student"] - rho) < 0.01, (result["spearman_student"], rho)
+    assert set(result["by_lang"]) == {p["lang"] for p in pred}
+    assert result["student_docs_per_s"] > 0 and result["teacher_docs_per_s"] > 0
+    if "--kenlm" in args:
+        assert -1 <= result["spearman_kenlm"] <= 1
+
+
+def test_benchmarks_ls_lists_every_shipped_benchmark(capsys):
+    """`quipu benchmarks ls`: each configs/benchmarks/*.yaml by name, with its item count and the
+    file's SHA-256 (computed here), or NOT USABLE naming what is missing."""
+    import gzip
+    import hashlib
+
+    from quipu.tasks.benchmarks import read_spec, resolve_file
+    assert _main("benchmarks", "ls") == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    shipped = sorted((ROOT / "configs" / "benchmarks").glob("*.yaml"))
+    assert set(lines) == {read_spec(p).name for p in shipped}
+    for p in shipped:
+        spec = read_spec(p)
+        file = resolve_file(spec.path, p.parent)
+        line = lines[spec.name]
+        if not file.is_file():
+            assert "NOT USABLE" in line and str(file) in line, line
+            continue
+        data = file.read_bytes()
+        text = gzip.decompress(data) if file.suffix == ".gz" else data
+        items = sum(1 for row in text.decode().splitlines() if row.strip())
+        assert f"{items} items" in line and hashlib.sha256(data).hexdigest()[:12] in line, line
