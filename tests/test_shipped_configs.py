@@ -211,8 +211,8 @@ def run_train(world: World, config: str) -> None:
 def run_ablate(world: World, config: str) -> None:
     out = world.out(config)
     assert _main("ablate", config, "--output", str(out), "--seeds", "1", "--set", f"raw_mix.out={out}-mix",
-                 "--set", "raw_mix.scale=0.005", "--set", "train.train.max_steps=2", "--set", "train.eval.every=2",
-                 "--set", "train.checkpoint.every=2") == 0
+                 "--set", "raw_mix.scale=0.005", "--set", "train.train.max_steps=4", "--set", "train.schedule.warmup_steps=1",
+                 "--set", "train.eval.every=4", "--set", "train.checkpoint.every=4") == 0
 
 
 RUNNERS = {"watch": run_watch, "curate": run_curate, "benchmarks": run_benchmarks, "quality": run_quality,
@@ -245,7 +245,8 @@ def test_ppl_label_computes_then_reuses_the_teachers_labels(world, tmp_path, cap
     from transformers import AutoTokenizer, LlamaForCausalLM
     out = tmp_path / "labels.jsonl"
     args = ["ppl", "label", "configs/ppl/demo.yaml", "--input", str(world.jsonl), "--set", f"teacher.path={world.teacher}",
-            "--set", "label_docs=10", "--set", "teacher.max_tokens=16", "--set", f"labels_out={out}"]
+            "--set", "label_docs=10", "--set", "teacher.max_tokens=16", "--set", "student.max_len=17",
+            "--set", f"labels_out={out}"]
     assert _main(*args) == 0
     first = capsys.readouterr().out
     assert json.loads(first[first.rindex("\n{") + 1:])["computed"] == 10
