@@ -101,6 +101,10 @@ def world(prefect_server, tmp_path_factory) -> World:
     assert w.curated and sum(pq.ParquetFile(p).metadata.num_rows for p in w.curated) >= 10
     assert registry.get_dataset("shipped-crawl", "curated")["run_id"] == json.loads((run / "run.json").read_text())["run_id"]
     w.outputs["configs/watch/default.yaml"] = w.outputs["configs/curate/demo.yaml"] = run
+    # the next look finds the curated files seen: no second run
+    assert _main("watch", "configs/watch/default.yaml", "--once", "--location", str(raw),
+                 "--set", f"output_root={runs}", "--set", "settle_s=0", "--set", "dataset=shipped-crawl") == 0
+    assert len(list(runs.iterdir())) == 1
     # the curated text as JSONL: what the kenlm and ppl configs read
     rows = [r for p in w.curated for r in pq.read_table(p, columns=["id", "text", "lang"]).to_pylist()]
     w.jsonl = w.tmp / "curated.jsonl"
