@@ -213,8 +213,12 @@ def run_train(world: World, config: str) -> None:
 
 
 def run_ablate(world: World, config: str) -> None:
+    from quipu.flows.config import read_yaml
     out = world.out(config)
-    assert _main("ablate", config, "--output", str(out), "--seeds", "1", "--set", f"raw_mix.out={out}-mix",
+    sets = []
+    if read_yaml(ROOT / config).get("input"):   # crawl files beside the mix: one small WARC of them
+        sets += ["--set", "input=[../shared/data/web/pywb__example.warc.gz]"]
+    assert _main("ablate", config, "--output", str(out), "--seeds", "1", "--set", f"raw_mix.out={out}-mix", *sets,
                  "--set", "raw_mix.scale=0.005", "--set", "train.train.max_steps=4", "--set", "train.schedule.warmup_steps=1",
                  "--set", "train.eval.every=4", "--set", "train.checkpoint.every=4") == 0
 
@@ -240,6 +244,13 @@ def test_shipped_config_runs(world, config):
 
 # ---- commands no other test runs: ppl label, a successful ppl eval, benchmarks ls ----------------
 
+def _last_json(out: str) -> dict:
+    """The JSON object a command printed last (indented, after any progress lines)."""
+    lines = out.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "{")
+    return json.loads("\n".join(lines[start:]))
+
+
 def test_ppl_label_computes_then_reuses_the_teachers_labels(world, tmp_path, capsys):
     """`quipu ppl label` with the shipped demo config: the labels it writes are the teacher's mean
     token NLL (HF transformers' own loss, computed here), and a second run computes none."""
@@ -252,8 +263,7 @@ def test_ppl_label_computes_then_reuses_the_teachers_labels(world, tmp_path, cap
             "--set", "label_docs=10", "--set", "teacher.max_tokens=16", "--set", "student.max_len=17",
             "--set", f"labels_out={out}"]
     assert _main(*args) == 0
-    first = capsys.readouterr().out
-    assert json.loads(first[first.rindex("\n{") + 1:])["computed"] == 10
+    assert _last_json(capsys.readouterr().out)["computed"] == 10
     labels = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(labels) == 10
     texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in world.jsonl.read_text().splitlines()}
@@ -266,8 +276,7 @@ def test_ppl_label_computes_then_reuses_the_teachers_labels(world, tmp_path, cap
         assert math.isclose(row["log_ppl"], loss, rel_tol=0.03), (row, loss)   # the config's bf16 teacher
     out.unlink()
     assert _main(*args) == 0
-    again = capsys.readouterr().out
-    stats = json.loads(again[again.rindex("\n{") + 1:])
+    stats = _last_json(capsys.readouterr().out)
     assert stats["computed"] == 0 and stats["cached"] == 10, stats
     assert [json.loads(line) for line in out.read_text().splitlines()] == labels
 
@@ -307,7 +316,7 @@ def test_benchmarks_ls_lists_every_shipped_benchmark(capsys):
     import hashlib
 
     from quipu.tasks.benchmarks import read_spec, resolve_file
-    assert _main("benchmarks", "ls") == 0
+    assert _main("benchmarks", "ls", "--registry", str(ROOT / "configs" / "benchmarks")) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     shipped = sorted((ROOT / "configs" / "benchmarks").glob("*.yaml"))
