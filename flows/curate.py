@@ -26,6 +26,7 @@ from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
 from quipu.flows.reports import RunProgress, publish_artifacts
+from quipu.flows.run_names import curate_name
 from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
@@ -232,7 +233,7 @@ def owned_entries() -> list[str]:
     return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
-@flow(name="curate", log_prints=True, persist_result=False)
+@flow(name="curate", flow_run_name=curate_name, log_prints=True, persist_result=False)
 def curate(config: CurateConfig, overwrite: bool = False) -> dict:
     from prefect.context import FlowRunContext
     ctx = FlowRunContext.get()
@@ -339,12 +340,9 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     log.info("extract: %d records read from %d files in %d units, %d documents, %d kept, %d quarantined",
              report["records_read"], len(files), len(units), report["input_docs"], report["kept_docs"], report["quarantined"])
 
-    def logged(name: str, r: dict) -> None:
-        log.info("%s: %d in, %d kept, %d removed", name, r["input_docs"], r["kept_docs"], r["removed_docs"])
-
     stage_reports, shards = driver.run_pipeline(
         [config.stage_ref(name, run_id) for name in stages], [s for r in results for s in r.kept_shards],
-        PrefectPhases(), config.fuse, config.keep_intermediate, progress, logged)
+        PrefectPhases(), config.fuse, config.keep_intermediate, progress)   # progress says each stage's line
     reports = {"extract": report, **stage_reports}
 
     progress.artifact.update("curated", 0.0)

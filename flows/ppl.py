@@ -28,6 +28,7 @@ from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
 from quipu.flows.progress import say
+from quipu.flows.run_names import output_name
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
@@ -178,7 +179,7 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
     return sample, rest, labels, (token_labels[0] if token_labels else None), stats
 
 
-@flow(name="ppl-label", log_prints=True, persist_result=False)
+@flow(name="ppl-label", flow_run_name=output_name("ppl-label"), log_prints=True, persist_result=False)
 def ppl_label(config: PplConfig) -> dict:
     sample, _, labels, _, stats = _label(config)
     ok = [y for y in labels if not math.isnan(y)]
@@ -202,7 +203,7 @@ def load_assistant(config: PplConfig):
     return student
 
 
-@flow(name="ppl-distill", log_prints=True, persist_result=False)
+@flow(name="ppl-distill", flow_run_name=output_name("ppl-distill"), log_prints=True, persist_result=False)
 def ppl_distill(config: PplConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.wayra_train import distill
@@ -240,7 +241,7 @@ def ppl_distill(config: PplConfig) -> dict:
     return summary
 
 
-@flow(name="kenlm-train", log_prints=True, persist_result=False)
+@flow(name="kenlm-train", flow_run_name=output_name("kenlm-train"), log_prints=True, persist_result=False)
 def kenlm_train(config: KenLMTrainConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm

@@ -12,6 +12,7 @@ from prefect import flow, get_run_logger, task
 
 from quipu.catalog import registry
 from quipu.catalog.files import sha256_file, write_json_atomic
+from quipu.flows.run_names import output_name
 from quipu.flows.runners import flow_run_id
 from quipu.trainer.models import QUALITY_KIND as MODEL_KIND
 from quipu.trainer.quality_model import NEGATIVE, POSITIVE, model_sidecar
@@ -33,7 +34,7 @@ def evaluate_task(model_path: str, valid_path: str, threshold: float) -> dict:
     return evaluate_file(model_path, valid_path, threshold)
 
 
-@flow(name="quality-train", log_prints=True, persist_result=False)
+@flow(name="quality-train", flow_run_name=output_name("quality-train"), log_prints=True, persist_result=False)
 def quality_train(config: QualityTrainConfig) -> dict:
     log = get_run_logger()
     t0 = time.perf_counter()

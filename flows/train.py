@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger, task
 from quipu.catalog import registry
 from quipu.catalog.files import remove_stale_temporaries
 from quipu.catalog.ownership import output_lock
+from quipu.flows.run_names import train_name
 from quipu.flows.progress import StepProgress, say
 from quipu.trainer import continual
 from quipu.trainer.continual import NewVersion
@@ -77,7 +78,7 @@ class ProgressReporter:
             pass
 
 
-@flow(name="tokenize-train", log_prints=True, persist_result=False)
+@flow(name="tokenize-train", flow_run_name=train_name, log_prints=True, persist_result=False)
 def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVersion | None = None) -> dict:
     run_dir = Path(config.output).resolve()
     with output_lock(run_dir):   # one training run per run folder (a killed one's lock is gone with it)
@@ -100,14 +101,11 @@ def trained_versions(run_dir: Path) -> dict[str, list[int]] | None:
 
 
 def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, new_version) -> dict:
-    log = get_run_logger()
     remove_stale_temporaries(run_dir)
     sources = preflight(config, pinned)
     run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))
     try:
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
-        log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
-                 {k: v["tokens_per_word"] for k, v in fert.items()})
         say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word']:.2f}" for k, v in fert.items()))
         # one selection after another (each tokenizes its shards in parallel): selections that share
         # shards (cc-main and cc-main@3) find them done
@@ -116,13 +114,10 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():
             new = sum(1 for m in markers[n] if not m.get("reused"))
-            log.info("source %s: versions %s, %d documents, %d tokens (%d of %d shards tokenized now)", n,
-                     prepared["versions"][n], s["docs"], s["tokens"], new, len(markers[n]))
             say(f"source {n}: versions {prepared['versions'][n]}, {s['docs']:,} documents, {s['tokens']:,} tokens "
                 f"({new} of {len(markers[n])} shards tokenized now)")
         phases, _ = plan_data(config, load_sources(config, prepared))
         blend = format_blend_report(blend_report(phases))
-        log.info("blend:\n%s", blend)
         say("blend:\n" + blend)   # before training, not after
         step = continual.checkpoint_step(run_dir) if resume else None
         continual.record(run_dir, config, {"started": dt.datetime.now(dt.timezone.utc).isoformat(), "run_id": run_id,

@@ -31,6 +31,7 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from quipu.catalog import registry
+from quipu.flows.run_names import watch_name
 from quipu.catalog.files import sha256_file, sha256_json
 from quipu.tasks.readers import SUPPORTED
 
@@ -288,7 +289,7 @@ def announce(cfg: WatchConfig, result: Scan) -> dict:
     return {"event_id": str(event.id), "occurred": event.occurred.isoformat(), **payload}
 
 
-@flow(name="watch", log_prints=True, persist_result=False)
+@flow(name="watch", flow_run_name=watch_name, log_prints=True, persist_result=False)
 def watch(config: WatchConfig = WatchConfig()) -> dict:
     """Announce new or changed input files with a `quipu.data.arrived` event (nothing new: no event)."""
     log = get_run_logger()

@@ -33,6 +33,8 @@ class TokenizerConfig(BaseModel):
     min_frequency: int = Field(2, ge=1)
     train_docs: int = Field(50000, gt=0, description="kind=bpe: at most this many documents are read to train it")
     heldout_every: int = Field(20, ge=2, description="every N-th document (by id hash) is held out of tokenizer training for fertility")
+    min_words_per_language: int = Field(20000, ge=0, description="kind=bpe: train only once every language the blend selects (where: lang) has this many words of training text; until then a run waits (README, Training)")
+    max_tokens_per_word: float = Field(3.0, gt=0, description="fertility limit: a blend language above it on held-out text, or with no held-out text, is a WARNING before training (an error with strict)")
     bos_token: str | None = Field(None, description="default: <|bos|> for bpe, the tokenizer's own otherwise")
     eos_token: str | None = Field(None, description="default: <|endoftext|> for bpe, the tokenizer's own otherwise")
 
