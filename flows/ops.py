@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from quipu.flows.config import add_config_args
@@ -39,8 +40,10 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
     from quipu.flows.curate_cli import run_curate
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
-    from quipu.flows.watch import incremental_output, mark_seen, scan
+    from quipu.flows.watch import incremental_output, mark_seen, missing_locations, scan
 
+    for warning in missing_locations(cfg):
+        print(f"WARNING: {warning}", file=sys.stderr)
     result = scan(cfg)
     for path in result.unsettled:
         print(f"still being written, left for the next look: {path}")

@@ -167,8 +167,12 @@ def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str
             raise ValueError(f"tokenizer.path: {cfg.path} is not a tokenizer.json or a folder holding one")
         tok = Tokenizer.from_file(str(p))
         bos, eos = cfg.bos_token or BOS, cfg.eos_token or EOS
-    else:
-        tok, bos, eos = smollm2_tokenizer()
+    else:   # the copy cached as tokenizer.json (seconds saved per run), or the GGUF itself
+        from quipu.trainer.tokenize import reference_tokenizer
+        tok = reference_tokenizer()
+        bos = eos = EOS
+        if tok.token_to_id(EOS) is None:
+            tok, bos, eos = smollm2_tokenizer()
         bos, eos = cfg.bos_token or bos, cfg.eos_token or eos
     with atomic_path(out_dir / "tokenizer.json") as tmp:
         tok.save(str(tmp))
