@@ -32,7 +32,8 @@ import yaml
 from quipu.catalog import db
 from quipu.catalog.files import write_bytes_atomic
 from quipu.flows.config import ConfigError, apply_overrides, load_config, read_yaml
-from quipu.flows.deploy_chain import CURATE_COMPLETED, DATASET_RESOURCE, TRAIN, WATCH, check_chain, fail_on, train_trigger_resources
+from quipu.flows.deploy_chain import (CURATE_COMPLETED, DATASET_RESOURCE, TRAIN, WATCH, check_chain, fail_on, has_template,
+                                     train_trigger_resources)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = ROOT / "deploy" / "prefect.yaml"
@@ -55,16 +56,6 @@ def deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-def _has_template(value) -> bool:
-    if isinstance(value, str):
-        return "{{" in value
-    if isinstance(value, dict):
-        return any(_has_template(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_template(v) for v in value)
-    return False
-
-
 def _validate(entrypoint: str, params: dict, where: str) -> None:
     """The `config` parameter with the flow's config model (errors name the key), then every other
     concrete parameter against the flow function's signature (its type hints)."""
@@ -75,12 +66,12 @@ def _validate(entrypoint: str, params: dict, where: str) -> None:
     model = getattr(importlib.import_module(module), name)
     config = params.get("config") or {}
     # Trigger templates are filled in by the server: validate the rest.
-    concrete = {k: v for k, v in config.items() if not _has_template(v)}
+    concrete = {k: v for k, v in config.items() if not has_template(v)}
     try:
         validated = load_config(model, None, data=concrete)
     except ConfigError as e:   # names the key; say which deployment and file
         raise ConfigError(f"{where}: {e}") from None
-    others = {k: v for k, v in params.items() if k != "config" and not _has_template(v)}
+    others = {k: v for k, v in params.items() if k != "config" and not has_template(v)}
     file, func = entrypoint.split(":")
     fn = getattr(importlib.import_module("quipu." + file.removesuffix(".py").replace("/", ".")), func)
     signature = inspect.signature(getattr(fn, "fn", fn))     # a Prefect flow wraps the function

@@ -50,9 +50,19 @@ class Producer:
     fed_by: list[str] = field(default_factory=list)   # watcher deployments whose datasets it writes
 
 
+def has_template(value) -> bool:
+    """Whether a parameter value holds a `{{ ... }}` template (filled in by the server per event)."""
+    if isinstance(value, str):
+        return "{{" in value
+    if isinstance(value, dict):
+        return any(has_template(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_template(v) for v in value)
+    return False
+
+
 def _concrete(config: dict) -> dict:
-    from quipu.flows.deploy import _has_template
-    return {k: v for k, v in (config or {}).items() if not _has_template(v)}
+    return {k: v for k, v in (config or {}).items() if not has_template(v)}
 
 
 def curate_columns(config) -> tuple[set[str], set[str]]:

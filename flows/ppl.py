@@ -29,6 +29,7 @@ from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
 from quipu.flows.progress import say
 from quipu.flows.run_names import output_name
+from quipu.flows.runners import failed_run
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
@@ -205,6 +206,13 @@ def load_assistant(config: PplConfig):
 
 @flow(name="ppl-distill", flow_run_name=output_name("ppl-distill"), log_prints=True, persist_result=False)
 def ppl_distill(config: PplConfig) -> dict:
+    try:
+        return _ppl_distill(config)
+    except (UserError, FileNotFoundError) as e:   # on a worker: one ERROR line with the fix, no traceback
+        return failed_run(e)
+
+
+def _ppl_distill(config: PplConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.wayra_train import distill
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))

