@@ -113,3 +113,16 @@ def test_tokenizer_fit_checks(tmp_path):
     short = tokenizer_text_shortfall(bpe, cfg.data, {"crawl": [{"path": str(shard)}]})
     assert [s.split(":")[0] for s in short] == ["en", "es"] and short[0] == "en: 0 of 100 words"   # pt has ~110
     assert tokenizer_text_shortfall(cfg.tokenizer, cfg.data, {"crawl": [{"path": str(shard)}]}) == []   # smollm2: fixed
+
+
+def test_makefile_takes_the_prefect_address_from_the_environment():
+    import os
+    import shutil
+    import subprocess
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    env = {**os.environ, "PREFECT_API_URL": "http://scheduler.example:4300/api", "PREFECT_PORT": "4999"}
+    worker = subprocess.run(["make", "-n", "-s", "worker"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    assert "PREFECT_API_URL=http://scheduler.example:4300/api " in worker and "quipu-process" in worker
+    server = subprocess.run(["make", "-n", "-s", "server"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    assert "--port 4999" in server and "PREFECT_UI_API_URL=http://127.0.0.1:4999/api" in server
