@@ -18,7 +18,7 @@ file, and the fix; a warning is printed and the deploy goes on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from quipu.flows.config import ConfigError
@@ -43,11 +43,10 @@ class Producer:
     """What one curate deployment (or one of its triggers) writes."""
     where: str                     # "deployment curate (configs/curate/demo.yaml)"
     file: str                      # its config file
-    datasets: set[str]
+    datasets: set[str] | None      # None: whatever the event names (no watcher deployment to say which)
     columns: set[str]
     stages: set[str]
     languages: set[str] | None     # langid's target languages (None: langid off)
-    fed_by: list[str] = field(default_factory=list)   # watcher deployments whose datasets it writes
 
 
 def has_template(value) -> bool:
@@ -95,14 +94,12 @@ def producers(deployments: list[dict], configs: dict[str, str]) -> list[Producer
             cfg = CurateConfig.model_validate(_concrete(cfg_dict))
             columns, stages = curate_columns(cfg)
             templated = "{{" in str(cfg_dict.get("dataset", ""))
-            fed_by = []
             if trigger is not None and templated and DATA_ARRIVED in (trigger.get("expect") or []):
-                datasets = {w.dataset for w in watchers.values()}
-                fed_by = sorted(watchers)
+                datasets = {w.dataset for w in watchers.values()} if watchers else None
             else:
                 datasets = {cfg.dataset or name_from(Path(cfg.output).name)}
             out.append(Producer(where, configs.get(d["name"], "its config"), datasets, columns, stages,
-                                set(cfg.langid.languages) if "langid" in stages else None, fed_by))
+                                set(cfg.langid.languages) if "langid" in stages else None))
     return out
 
 
@@ -120,7 +117,7 @@ def check_chain(deployments: list[dict], configs: dict[str, str]) -> tuple[list[
     from quipu.trainer.train import TrainConfig
 
     made = producers(deployments, configs)
-    written = {ds for p in made for ds in p.datasets}
+    written = {ds for p in made for ds in p.datasets or ()}
     errors, warnings = [], []
     catalog = None
     for d in deployments:
@@ -132,7 +129,7 @@ def check_chain(deployments: list[dict], configs: dict[str, str]) -> tuple[list[
         for i, phase in enumerate(cfg.data.phases):
             for j, src in enumerate(phase.sources):
                 key = f"data.phases[{i}].sources[{j}]"
-                feeding = [p for p in made if src.dataset in p.datasets]
+                feeding = [p for p in made if p.datasets is None or src.dataset in p.datasets]
                 if not feeding:
                     catalog = _catalog_datasets() if catalog is None else catalog
                     if src.dataset not in catalog:

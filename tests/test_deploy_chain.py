@@ -68,6 +68,21 @@ def test_deploy_fails_on_configs_that_do_not_fit(tmp_path, train, curate, messag
         resolve(spec, ROOT, ["watch"])
 
 
+def test_without_a_watcher_deployment_a_triggered_run_may_write_any_dataset(tmp_path):
+    """Watchers outside the file (cron, another project) name the dataset in their event: the
+    blend's dataset cannot be checked, its columns still are."""
+    def other_dataset(cfg):
+        for src in _phase(cfg)["sources"]:
+            src["dataset"] = "fed-from-elsewhere"
+    spec = _spec(tmp_path, other_dataset)
+    spec["deployments"] = [d for d in spec["deployments"] if d["name"] in ("curate", "tokenize-train")]
+    resolve(spec, ROOT)
+    spec = _spec(tmp_path, lambda c: (other_dataset(c), _phase(c).update(order="ppl_wayra")))
+    spec["deployments"] = [d for d in spec["deployments"] if d["name"] in ("curate", "tokenize-train")]
+    with pytest.raises(ConfigError, match="ppl_wayra"):
+        resolve(spec, ROOT)
+
+
 def test_deploy_set_overrides_a_deployments_config_and_its_triggers(tmp_path):
     spec = yaml.safe_load(DEFAULT_FILE.read_text())
     resolved, _, _ = resolve(spec, ROOT, overrides=["curate.langid.min_score=0.5", "tokenize-train.train.max_steps=7"])
