@@ -54,15 +54,17 @@ $(KENLM_DIR)/bin/lmplz:
 	@echo "built $(KENLM_DIR)/bin/lmplz and build_binary"
 
 # Local Prefect server (SQLite under PREFECT_HOME, UI at http://127.0.0.1:$(PREFECT_PORT)) and a process worker.
+# Both take PREFECT_PORT, and the worker PREFECT_API_URL, from the environment
+# (`PREFECT_API_URL=http://HOST:4200/api make worker` reaches a server on another machine).
 PREFECT_PORT ?= 4200
-PREFECT_API ?= http://127.0.0.1:$(PREFECT_PORT)/api
+PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 server: install
-	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_API_URL=$(PREFECT_API) PREFECT_API_URL= \
+	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api PREFECT_API_URL= \
 	  $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 # SIGINT/SIGTERM restored: a worker started in the background otherwise ignores them.
 worker: install
-	PREFECT_API_URL=$(PREFECT_API) PREFECT_SERVER_ANALYTICS_ENABLED=false \
+	PREFECT_API_URL=$(PREFECT_API_URL) PREFECT_SERVER_ANALYTICS_ENABLED=false \
 	  env --default-signal=INT $(BIN)/prefect worker start --pool quipu-process --type process
 
 # The worker image's pinned dependencies (deploy/Dockerfile.worker), from this machine's working install.

@@ -26,7 +26,9 @@ from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
 from quipu.flows.reports import RunProgress, publish_artifacts
-from quipu.flows.runners import RunnerConfig, flow_run_id, make_task_runner, runner_matches
+from quipu.flows.run_names import curate_name
+from quipu.flows.runners import (RunnerConfig, checkout_warning, failed_run, flow_run_id, make_task_runner,
+                                 runner_matches)
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
 from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs
@@ -232,17 +234,32 @@ def owned_entries() -> list[str]:
     return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
-@flow(name="curate", log_prints=True, persist_result=False)
+@flow(name="curate", flow_run_name=curate_name, log_prints=True, persist_result=False)
 def curate(config: CurateConfig, overwrite: bool = False) -> dict:
+    try:
+        return _curate_flow(config, overwrite)
+    except UserError as e:   # on a worker: one ERROR line with the fix, no traceback
+        return failed_run(e)
+
+
+def _curate_flow(config: CurateConfig, overwrite: bool) -> dict:
     from prefect.context import FlowRunContext
     ctx = FlowRunContext.get()
     if ctx is not None and not runner_matches(config.runner, ctx.task_runner):
         # A deployment run whose form asks for another task runner: run on it, as a subflow.
         return curate.with_options(task_runner=make_task_runner(config.runner, config.workers))(config, overwrite)
     log = get_run_logger()
+    if warning := checkout_warning(__file__):
+        log.warning(warning)
     t_start = time.perf_counter()
     run_dir = Path(config.output).resolve()
-    files = expand_inputs(config.input)
+    if not config.input:
+        raise UserError("no input: set config.input (paths, globs or URLs) in the run's form or the config")
+    try:
+        files = expand_inputs(config.input)
+    except FileNotFoundError as e:
+        raise UserError(f"{e} (relative paths are read from {Path.cwd()}): put the input files there, or set "
+                        "config.input") from None
     cfg_json = config.model_dump(mode="json")
     with output_lock(run_dir):   # one run at a time per output folder, for the whole run
         stale = claim(run_dir, identity(files, cfg_json, NOT_IDENTITY), owned_entries(), overwrite)
@@ -339,12 +356,9 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     log.info("extract: %d records read from %d files in %d units, %d documents, %d kept, %d quarantined",
              report["records_read"], len(files), len(units), report["input_docs"], report["kept_docs"], report["quarantined"])
 
-    def logged(name: str, r: dict) -> None:
-        log.info("%s: %d in, %d kept, %d removed", name, r["input_docs"], r["kept_docs"], r["removed_docs"])
-
     stage_reports, shards = driver.run_pipeline(
         [config.stage_ref(name, run_id) for name in stages], [s for r in results for s in r.kept_shards],
-        PrefectPhases(), config.fuse, config.keep_intermediate, progress, logged)
+        PrefectPhases(), config.fuse, config.keep_intermediate, progress)   # progress says each stage's line
     reports = {"extract": report, **stage_reports}
 
     progress.artifact.update("curated", 0.0)

@@ -101,6 +101,8 @@ def cmd_report(args) -> int:
             raise UserError("no curate run in the catalog yet")
         run_dir = run["output"]
     try:
+        from quipu.flows.reports import resolve_run_dir
+        run_dir = resolve_run_dir(run_dir)
         run = load_run(run_dir)
     except FileNotFoundError as e:
         raise UserError(str(e)) from None
@@ -146,19 +148,72 @@ def cmd_catalog_show(args) -> int:
 
     run = registry.get_run(args.run)
     if run is None:
-        ds = registry.get_dataset(args.run)
+        name, _, version = args.run.partition("@")
+        ds = registry.get_dataset(name)
         if ds is None:
-            raise UserError(f"no run or dataset named {args.run!r} in the catalog")
+            raise UserError(f"no run or dataset named {args.run!r} in the catalog (quipu catalog ls)")
         from quipu.catalog.versions import version_lineage
         ds["versions"] = version_lineage(ds["name"], ds["kind"])   # every version: its run and that run's inputs
-        print(json.dumps(ds, indent=2, default=str))
+        if version:
+            ds["versions"] = [v for v in ds["versions"] if str(v["version"]) == version.lstrip("v")]
+        print(json.dumps(ds, indent=2, default=str) if args.json else format_dataset(ds))
         return 0
     run["config"] = json.loads(run["config"] or "{}")
     run["summary"] = json.loads(run["summary"]) if run.get("summary") else None
     run["lineage"] = registry.get_lineage(run["id"])
     run["reports"] = sorted(registry.get_reports(run["id"]))
-    print(json.dumps(run, indent=2, default=str))
+    print(json.dumps(run, indent=2, default=str) if args.json else format_run(run))
     return 0
+
+
+def _short(paths: list[str], n: int = 3) -> str:
+    return ", ".join(paths[:n]) + (f" and {len(paths) - n} more" if len(paths) > n else "")
+
+
+def format_run(run: dict) -> str:
+    """`quipu catalog show RUN`: what the run was, what it read and wrote, its result in a few lines."""
+    took = f" ({(run['ended'] - run['started']).total_seconds():.0f} s)" if run.get("ended") and run.get("started") else ""
+    lines = [f"run {run['id']}: {run['flow']}, {run['status']}, started {run['started']:%Y-%m-%d %H:%M:%S}{took}",
+             f"  output:   {run.get('output') or '-'}"]
+    inputs = [r["path"] for r in run["lineage"] if r["direction"] == "input"]
+    outputs = [r["path"] for r in run["lineage"] if r["direction"] == "output"]
+    if inputs:
+        lines.append(f"  inputs:   {len(inputs)}: {_short(inputs)}")
+    if outputs:
+        lines.append(f"  outputs:  {_short(outputs)}")
+    summary = run.get("summary") or {}
+    cfg = run.get("config") or {}
+    if run["flow"] == "curate":
+        stages = [k for k, v in cfg.items() if isinstance(v, dict) and v.get("enabled")]
+        lines.append(f"  dataset:  {cfg.get('dataset') or '(the output folder name)'}   stages on: {', '.join(stages)}")
+        if summary:
+            lines.append(f"  result:   {summary.get('records_read', 0):,} records read, {summary.get('quarantined', 0):,} "
+                         f"quarantined, {(summary.get('curated') or {}).get('rows', 0):,} documents curated")
+            for st in summary.get("stages", []):
+                lines.append(f"    {st['name']:<14}{st['input_docs']:>10,} in {st['kept_docs']:>10,} kept "
+                             f"{st['removed_docs']:>9,} removed")
+    elif summary:
+        shown = {k: summary[k] for k in ("step", "final_loss", "eval_loss", "params", "versions", "checkpoint")
+                 if summary.get(k) is not None}
+        lines += [f"  {k + ':':<9} {v}" for k, v in shown.items()]
+    if run.get("reports"):
+        lines.append(f"  reports:  {', '.join(run['reports'])} (quipu report {run['id']})")
+    lines.append(f"  all of it: quipu catalog show {run['id']} --json")
+    return "\n".join(lines)
+
+
+def format_dataset(ds: dict) -> str:
+    """`quipu catalog show DATASET`: one line per version with its documents, tokens, run and inputs."""
+    lines = [f"dataset {ds['name']} ({ds['kind']}): {len(ds['versions'])} version(s)"]
+    for v in ds["versions"]:
+        tokens = "-" if v.get("tokens") is None else f"{v['tokens']:,}"
+        lines.append(f"  v{v['version'] or '?':<4} {v['documents'] or 0:>10,} docs {tokens:>13} tokens  "
+                     f"{v['created']:%Y-%m-%d %H:%M}  run {v['run_id'] or '-'}")
+        lines.append(f"        {len(v['shards'])} shards in {v['path']}; inputs: {_short(v['inputs']) or '-'}")
+    if not ds["versions"]:   # not a versioned dataset: its own shards
+        lines.append(f"  {len(ds.get('shards') or [])} shards in {ds['path']}")
+    lines.append(f"  all of it: quipu catalog show {ds['name']} --json")
+    return "\n".join(lines)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -174,7 +229,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_curate)
 
     p = sub.add_parser("report", help="print a run's funnel and top removal reasons")
-    p.add_argument("run", nargs="?", help="run directory")
+    p.add_argument("run", nargs="?", help="run directory, run id, dataset name or dataset@version")
     p.add_argument("--latest", action="store_true", help="the newest curate run in the catalog")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two runs stage by stage (run dirs or ids)")
     p.add_argument("--top", type=int, default=5, help="reasons per stage")
@@ -189,6 +244,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("what", nargs="?", default="all", choices=["all", "runs", "datasets", "models"])
     q.add_argument("--limit", type=int, default=50)
     q.set_defaults(func=cmd_catalog_ls)
-    q = csub.add_parser("show", help="one run (config, status, lineage) or dataset (shards)")
-    q.add_argument("run", help="run id, run directory or dataset name")
+    q = csub.add_parser("show", help="one run (status, inputs, outputs, result) or dataset (versions)")
+    q.add_argument("run", help="run id, run directory, dataset name or dataset@version")
+    q.add_argument("--json", action="store_true", help="everything the catalog holds about it, as JSON")
     q.set_defaults(func=cmd_catalog_show)

@@ -31,7 +31,9 @@ import yaml
 
 from quipu.catalog import db
 from quipu.catalog.files import write_bytes_atomic
-from quipu.flows.config import ConfigError, load_config, read_yaml
+from quipu.flows.config import ConfigError, apply_overrides, load_config, read_yaml
+from quipu.flows.deploy_chain import (CURATE_COMPLETED, DATASET_RESOURCE, TRAIN, WATCH, check_chain, fail_on, has_template,
+                                     train_trigger_resources)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = ROOT / "deploy" / "prefect.yaml"
@@ -54,16 +56,6 @@ def deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-def _has_template(value) -> bool:
-    if isinstance(value, str):
-        return "{{" in value
-    if isinstance(value, dict):
-        return any(_has_template(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_template(v) for v in value)
-    return False
-
-
 def _validate(entrypoint: str, params: dict, where: str) -> None:
     """The `config` parameter with the flow's config model (errors name the key), then every other
     concrete parameter against the flow function's signature (its type hints)."""
@@ -74,12 +66,12 @@ def _validate(entrypoint: str, params: dict, where: str) -> None:
     model = getattr(importlib.import_module(module), name)
     config = params.get("config") or {}
     # Trigger templates are filled in by the server: validate the rest.
-    concrete = {k: v for k, v in config.items() if not _has_template(v)}
+    concrete = {k: v for k, v in config.items() if not has_template(v)}
     try:
         validated = load_config(model, None, data=concrete)
     except ConfigError as e:   # names the key; say which deployment and file
         raise ConfigError(f"{where}: {e}") from None
-    others = {k: v for k, v in params.items() if k != "config" and not _has_template(v)}
+    others = {k: v for k, v in params.items() if k != "config" and not has_template(v)}
     file, func = entrypoint.split(":")
     fn = getattr(importlib.import_module("quipu." + file.removesuffix(".py").replace("/", ".")), func)
     signature = inspect.signature(getattr(fn, "fn", fn))     # a Prefect flow wraps the function
@@ -93,10 +85,14 @@ def _validate(entrypoint: str, params: dict, where: str) -> None:
             raise ConfigError(f"{where}: parameter {key}: {e.errors()[0]['msg']} (got {value!r})") from None
 
 
-def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check: bool = True) -> tuple[dict, list[str], list[str]]:
-    """The prefect.yaml Prefect can use: (resolved spec, deployments kept, messages about skipped ones)."""
+def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check: bool = True,
+            overrides: list[str] | None = None, workdir: Path | None = None) -> tuple[dict, list[str], list[str]]:
+    """The prefect.yaml Prefect can use: (resolved spec, deployments kept, messages about skipped ones).
+    `overrides`: `DEPLOYMENT.KEY=VALUE` items put on top of that deployment's config (`quipu deploy
+    --set`); `root`: the flow runs' working directory (`$QUIPU_ROOT`, default this checkout)."""
     spec = copy.deepcopy(spec)
     configs = (spec.pop("quipu", None) or {}).get("configs", {}) or {}
+    by_deployment = split_overrides(overrides, [d.get("name") for d in spec.get("deployments", []) or []])
     kept, skipped, deployments = [], [], []
     for dep in spec.get("deployments", []) or []:
         name = dep.get("name")
@@ -119,8 +115,8 @@ def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check
         where = f"deployment {name} ({configs.get(name, 'no config file')})"
         params = dep.setdefault("parameters", {}) or {}
         dep["parameters"] = params
-        if "config" in params or base:
-            params["config"] = deep_merge(base, params.get("config") or {})
+        if "config" in params or base or by_deployment.get(name):
+            params["config"] = apply_overrides(deep_merge(base, params.get("config") or {}), by_deployment.get(name, []))
         if check:
             _validate(entry, params, where)
         for trig in dep.get("triggers", []) or []:
@@ -130,15 +126,53 @@ def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check
                     tparams["config"] = deep_merge(params.get("config", {}), tparams["config"])
                 if check:
                     _validate(entry, {"config": params.get("config", {})} | tparams, f"{where} trigger")
+        _narrow_train_trigger(dep)
         deployments.append(dep)
         kept.append(name)
     if names:
         missing = set(names) - {d.get("name") for d in spec.get("deployments", [])}
         if missing:
             raise ConfigError(f"no deployment named {', '.join(sorted(missing))} in the prefect.yaml")
+        if check:   # the chain is checked whole, also when only some of it is deployed
+            resolve({**spec, "quipu": {"configs": configs}}, root, None, check, overrides, workdir)
+    elif check:
+        errors, warnings = check_chain(deployments, configs)
+        for w in dict.fromkeys(warnings):
+            print(f"WARNING: {w}", file=sys.stderr)
+        fail_on(list(dict.fromkeys(errors)))
     spec["deployments"] = deployments
-    text = yaml.safe_dump(spec, sort_keys=False).replace(ROOT_PLACEHOLDER, str(root))
+    text = yaml.safe_dump(spec, sort_keys=False).replace(ROOT_PLACEHOLDER, str(workdir or root))
     return yaml.safe_load(text), kept, skipped
+
+
+def split_overrides(overrides: list[str] | None, names: list[str]) -> dict[str, list[str]]:
+    """`DEPLOYMENT.KEY=VALUE` items by deployment: {deployment: ["KEY=VALUE", ...]}."""
+    out: dict[str, list[str]] = {}
+    for item in overrides or []:
+        name, _, rest = item.partition(".")
+        if name not in names or not rest:
+            raise ConfigError(f"--set {item!r}: expected DEPLOYMENT.KEY=VALUE with DEPLOYMENT one of {', '.join(names)}")
+        out.setdefault(name, []).append(rest)
+    return out
+
+
+def work_root() -> Path:
+    """Where flow runs execute (the pull step's directory): $QUIPU_ROOT, or this checkout."""
+    root = os.environ.get("QUIPU_ROOT")
+    return Path(root).expanduser().resolve() if root else ROOT
+
+
+def _narrow_train_trigger(dep: dict) -> None:
+    """A training deployment's trigger on quipu.curate.completed listens only to the datasets its
+    blend names: a curate run into any other dataset starts no training run."""
+    if dep.get("entrypoint") != TRAIN:
+        return
+    config = (dep.get("parameters") or {}).get("config") or {}
+    blend = {s.get("dataset") for p in (config.get("data") or {}).get("phases") or [] for s in p.get("sources") or []}
+    for trig in dep.get("triggers") or []:
+        match = trig.get("match") or {}
+        if CURATE_COMPLETED in (trig.get("expect") or []) and match.get("prefect.resource.id") == DATASET_RESOURCE + "*":
+            trig["match"] = {**match, "prefect.resource.id": train_trigger_resources({b for b in blend if b})}
 
 
 def ensure_work_pools(spec: dict) -> list[str]:
@@ -167,20 +201,48 @@ def api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def deploy(prefect_file: Path = DEFAULT_FILE, names: list[str] | None = None, dry_run: bool = False) -> int:
+NEXT_STEPS = """next:
+  make worker                          a process worker on the pool (another terminal; PREFECT_API_URL as here)
+  cp FILES {raw}/{pad}the `watch` deployment looks every 5 minutes and curates what is new
+  prefect deployment run watch/watch   look now instead of waiting
+  quipu report --latest                the newest curate run's funnel (or the run's Artifacts tab)"""
+
+
+def describe(dep: dict) -> str:
+    """One line per deployment: name, flow, what starts it."""
+    starts = []
+    for trig in dep.get("triggers") or []:
+        match = (trig.get("match") or {}).get("prefect.resource.id")
+        shown = ", ".join(match) if isinstance(match, list) else match
+        starts.append(f"on {', '.join(trig.get('expect') or [])} ({shown})")
+    for sch in dep.get("schedules") or []:
+        when = f"every {sch['interval']} s" if "interval" in sch else sch.get("cron", "?")
+        starts.append(f"{when}{'' if sch.get('active', True) else ' (off)'}")
+    return f"  {dep['name']:<15} {dep.get('entrypoint', ''):<40} {'; '.join(starts) or 'by hand'}"
+
+
+def deploy(prefect_file: Path = DEFAULT_FILE, names: list[str] | None = None, dry_run: bool = False,
+           overrides: list[str] | None = None) -> int:
     from quipu.catalog.errors import UserError
 
     if not prefect_file.is_file():
         raise UserError(f"deployment file not found: {prefect_file}")
     spec = read_yaml(prefect_file)
-    resolved, kept, skipped = resolve(spec, ROOT, names)
+    workdir = work_root()
+    if workdir != ROOT:
+        print(f"WARNING: QUIPU_ROOT={workdir} is not the checkout this quipu is installed from ({ROOT}): flow runs "
+              f"load flows/*.py from {workdir} and import the package installed on the worker; install the "
+              "project there (make install) on every worker machine", file=sys.stderr)
+    resolved, kept, skipped = resolve(spec, ROOT, names, overrides=overrides, workdir=workdir)
     for msg in skipped:
         print(f"skipped {msg}")
     out = db.quipu_home() / "deploy" / "prefect.yaml"
     write_bytes_atomic(out, yaml.safe_dump(resolved, sort_keys=False).encode())
-    print(f"resolved deployment file: {out}")
     if dry_run or not kept:
-        print("deployments: " + (", ".join(kept) or "none"))
+        print(f"checked {len(kept)} deployments together (configs, blends against what curate writes); "
+              f"resolved file: {out}")
+        for dep in resolved["deployments"]:
+            print(describe(dep))
         return 0
     if not api_url():
         raise UserError("PREFECT_API_URL is not set: start a server (`make server`) and export the URL it prints, "
@@ -190,12 +252,23 @@ def deploy(prefect_file: Path = DEFAULT_FILE, names: list[str] | None = None, dr
     except Exception as e:  # connection refused, 401, ...
         raise UserError(f"cannot reach the Prefect server at {api_url()}: {e}") from None
     for pool in created:
-        print(f"created work pool {pool!r} (start a worker: make worker)")
+        print(f"created work pool {pool!r}")
     cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(out)]
     for name in kept:
         cmd += ["--name", name]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PREFECT_CLI_WRAP_LINES": "false"})
+    # Prefect's own output (a table and a `prefect worker start` hint per deployment) goes to the log
+    # file; shown only when it fails
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PREFECT_CLI_WRAP_LINES": "false"},
+                          capture_output=True, text=True)
+    log = out.with_name("prefect-deploy.log")
+    write_bytes_atomic(log, (proc.stdout + proc.stderr).encode())
     if proc.returncode != 0:
-        raise UserError(f"prefect deploy failed (exit {proc.returncode}); see its output above")
-    print(f"deployed: {', '.join(kept)}")
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise UserError(f"prefect deploy failed (exit {proc.returncode}); its last lines:\n{tail}\n(all of it: {log})")
+    print(f"deployed to {api_url()} (flow runs work in {workdir}):")
+    for dep in resolved["deployments"]:
+        print(describe(dep))
+    raw = next((loc for d in resolved["deployments"] if d.get("entrypoint") == WATCH
+                for loc in ((d.get("parameters") or {}).get("config") or {}).get("locations", [])), "data/raw")
+    print(NEXT_STEPS.format(raw=raw.rstrip("/"), pad=" " * max(1, 28 - len(raw.rstrip("/")))))
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from quipu.flows.config import add_config_args
@@ -39,8 +40,10 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
     from quipu.flows.curate_cli import run_curate
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
-    from quipu.flows.watch import incremental_output, mark_seen, scan
+    from quipu.flows.watch import incremental_output, mark_seen, missing_locations, scan
 
+    for warning in missing_locations(cfg):
+        print(f"WARNING: {warning}", file=sys.stderr)
     result = scan(cfg)
     for path in result.unsettled:
         print(f"still being written, left for the next look: {path}")
@@ -60,7 +63,8 @@ def watch_once(cfg, curate_overrides: list[str]) -> int:
 def cmd_deploy(args) -> int:
     from quipu.flows.deploy import DEFAULT_FILE, deploy
 
-    return deploy(Path(args.prefect_file) if args.prefect_file else DEFAULT_FILE, args.name or None, args.dry_run)
+    return deploy(Path(args.prefect_file) if args.prefect_file else DEFAULT_FILE, args.name or None, args.dry_run,
+                  args.overrides)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -76,5 +80,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("deploy", help="register the Prefect deployments of deploy/prefect.yaml with the server")
     p.add_argument("--prefect-file", help="deployment file (default deploy/prefect.yaml)")
     p.add_argument("--name", action="append", help="only this deployment (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="write the resolved file, deploy nothing")
+    p.add_argument("--dry-run", action="store_true", help="check the deployments together, write the resolved file, deploy nothing")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DEPLOYMENT.KEY=VALUE",
+                   help="override a value of a deployment's config, e.g. watch.locations=[/mnt/crawls] or "
+                        "tokenize-train.train.max_steps=50 (dotted key, YAML value); repeatable")
     p.set_defaults(func=cmd_deploy)

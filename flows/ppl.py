@@ -28,6 +28,8 @@ from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
 from quipu.flows.progress import say
+from quipu.flows.run_names import output_name
+from quipu.flows.runners import failed_run
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
@@ -178,7 +180,7 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
     return sample, rest, labels, (token_labels[0] if token_labels else None), stats
 
 
-@flow(name="ppl-label", log_prints=True, persist_result=False)
+@flow(name="ppl-label", flow_run_name=output_name("ppl-label"), log_prints=True, persist_result=False)
 def ppl_label(config: PplConfig) -> dict:
     sample, _, labels, _, stats = _label(config)
     ok = [y for y in labels if not math.isnan(y)]
@@ -202,8 +204,15 @@ def load_assistant(config: PplConfig):
     return student
 
 
-@flow(name="ppl-distill", log_prints=True, persist_result=False)
+@flow(name="ppl-distill", flow_run_name=output_name("ppl-distill"), log_prints=True, persist_result=False)
 def ppl_distill(config: PplConfig) -> dict:
+    try:
+        return _ppl_distill(config)
+    except (UserError, FileNotFoundError) as e:   # on a worker: one ERROR line with the fix, no traceback
+        return failed_run(e)
+
+
+def _ppl_distill(config: PplConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.wayra_train import distill
     run_id = registry.start_run("ppl-distill", config.model_dump(mode="json"), str(Path(config.output).resolve()))
@@ -240,7 +249,7 @@ def ppl_distill(config: PplConfig) -> dict:
     return summary
 
 
-@flow(name="kenlm-train", log_prints=True, persist_result=False)
+@flow(name="kenlm-train", flow_run_name=output_name("kenlm-train"), log_prints=True, persist_result=False)
 def kenlm_train(config: KenLMTrainConfig) -> dict:
     from quipu.catalog import registry
     from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm

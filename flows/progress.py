@@ -24,11 +24,32 @@ def quiet() -> bool:
 
 
 def say(message: str) -> None:
-    """A progress line on stderr (stdout stays the command's result), unless --quiet. Written to the
-    stream, not print(): a flow with `log_prints=True` turns print() into log records."""
-    if not quiet():
+    """A progress line, unless --quiet: on stderr (stdout stays the command's result; the stream,
+    not print(): a flow with `log_prints=True` turns print() into log records) and, inside a flow
+    run, in the run's log (the UI). A deployment's run on a worker only logs it: the worker's
+    terminal shows the run's log, so writing it as well would show every line twice."""
+    if quiet():
+        return
+    logger, deployed = _run_logger()
+    if logger is not None:
+        logger.info(message)
+    if not deployed or VERBOSITY_ENV in os.environ:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+
+
+def _run_logger():
+    """(the current Prefect run's logger or None, whether the run belongs to a deployment)."""
+    if "prefect" not in sys.modules:
+        return None, False
+    try:
+        from prefect import get_run_logger
+        from prefect.context import FlowRunContext
+        logger = get_run_logger()
+    except Exception:   # outside a run
+        return None, False
+    ctx = FlowRunContext.get()
+    return logger, bool(ctx and ctx.flow_run and ctx.flow_run.deployment_id)
 
 
 def duration(seconds: float) -> str:

@@ -11,8 +11,10 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 
 from quipu.catalog import registry
+from quipu.catalog.errors import UserError
 from quipu.catalog.files import sha256_file, write_json_atomic
-from quipu.flows.runners import flow_run_id
+from quipu.flows.run_names import output_name
+from quipu.flows.runners import failed_run, flow_run_id
 from quipu.trainer.models import QUALITY_KIND as MODEL_KIND
 from quipu.trainer.quality_model import NEGATIVE, POSITIVE, model_sidecar
 from quipu.trainer.quality_train import QualityTrainConfig, eval_markdown, evaluate_file, prepare_data, train_model
@@ -33,8 +35,15 @@ def evaluate_task(model_path: str, valid_path: str, threshold: float) -> dict:
     return evaluate_file(model_path, valid_path, threshold)
 
 
-@flow(name="quality-train", log_prints=True, persist_result=False)
+@flow(name="quality-train", flow_run_name=output_name("quality-train"), log_prints=True, persist_result=False)
 def quality_train(config: QualityTrainConfig) -> dict:
+    try:
+        return _quality_train(config)
+    except (UserError, FileNotFoundError) as e:   # on a worker: one ERROR line with the fix, no traceback
+        return failed_run(e)
+
+
+def _quality_train(config: QualityTrainConfig) -> dict:
     log = get_run_logger()
     t0 = time.perf_counter()
     out = Path(config.output).resolve()

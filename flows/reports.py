@@ -176,13 +176,25 @@ class RunProgress:
 
 
 def resolve_run_dir(run: str) -> str:
-    """A run directory as given, or the output directory of a run id known to the catalog."""
+    """A curate run's directory from what a user has at hand: the directory itself, a run id (`quipu
+    catalog ls`), a dataset name (its newest version's run) or `dataset@version`."""
     if RunContext(run).summary.is_file():
         return run
     from quipu.catalog import registry
     found = registry.get_run(run)
+    if found is None:
+        name, _, version = run.partition("@")
+        versions = registry.dataset_versions(name) if name else []
+        if version:
+            versions = [v for v in versions if str(v["version"]) == version.lstrip("v")]
+            if not versions and registry.dataset_versions(name):
+                have = ", ".join(str(v["version"]) for v in registry.dataset_versions(name))
+                raise FileNotFoundError(f"{run}: dataset {name!r} has no version {version} (it has {have})")
+        if versions:
+            found = registry.get_run(versions[-1]["run_id"])
     if found is None or not found.get("output"):
-        raise FileNotFoundError(f"{run}: neither a run directory with run.json nor a run id in the catalog")
+        raise FileNotFoundError(f"{run}: not a run directory with run.json, a run id (quipu catalog ls runs), "
+                                "a dataset or dataset@version (quipu catalog ls datasets)")
     return found["output"]
 
 

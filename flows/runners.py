@@ -60,3 +60,61 @@ def flow_run_id() -> str | None:
         return str(flow_run.id) if flow_run.id else None
     except Exception:
         return None
+
+
+def in_deployment_run() -> bool:
+    """Whether this is a deployment's flow run (on a worker), not a flow called in-process (the CLI)."""
+    try:
+        from prefect.context import FlowRunContext
+        ctx = FlowRunContext.get()
+    except Exception:
+        return False
+    return bool(ctx and ctx.flow_run and ctx.flow_run.deployment_id)
+
+
+def failed_run(error: Exception):
+    """A domain error (`UserError`: a missing input, a config the data does not fit) in a
+    deployment's run: one ERROR line with the fix in the run's log, and the run ends Failed with it
+    as the state message, no traceback. Called in-process (the CLI) the error goes on up, to the
+    CLI's one-line handler."""
+    if isinstance(error, FileNotFoundError):   # an input or model path: say where relative paths start
+        from pathlib import Path
+        from quipu.catalog.errors import UserError
+        error = UserError(f"{error} (relative paths are read from {Path.cwd()})")
+    if not in_deployment_run():
+        raise error
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.states import Failed
+    get_run_logger().error("%s", error)
+    _REPORTED.add(str(error))
+    if not any(isinstance(f, _ReportedFailure) for f in logging.getLogger("prefect.flow_runs").filters):
+        logging.getLogger("prefect.flow_runs").addFilter(_ReportedFailure())
+    return Failed(message=str(error))
+
+
+_REPORTED: set[str] = set()
+
+
+class _ReportedFailure:
+    """Prefect's engine re-raises a Failed state's message once the run is over and logs it with a
+    traceback of its own internals ("Engine execution exited with unexpected exception"). For a
+    failure `failed_run` already reported in one line that record says nothing new: drop it."""
+
+    def filter(self, record) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and any(message in str(exc) for message in _REPORTED))
+
+
+def checkout_warning(flow_file: str) -> str | None:
+    """A warning when a deployment runs flow files of another checkout than the installed package's
+    (QUIPU_ROOT pointing elsewhere): the flow code and the stages it imports may not match."""
+    from pathlib import Path
+    here = Path(flow_file).resolve().parents[1]
+    installed = Path(__file__).resolve().parents[1]
+    if here == installed:
+        return None
+    return (f"flow file {flow_file} is from {here}, but the installed quipu package is {installed}: "
+            f"install the project in {here} (make install) or deploy with QUIPU_ROOT={installed}")
+

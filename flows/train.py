@@ -21,11 +21,15 @@ from prefect import flow, get_run_logger, task
 from quipu.catalog import registry
 from quipu.catalog.files import remove_stale_temporaries
 from quipu.catalog.ownership import output_lock
+from quipu.catalog.errors import UserError
+from quipu.flows.run_names import train_name
+from quipu.flows.runners import checkout_warning, failed_run
 from quipu.flows.progress import StepProgress, say
 from quipu.trainer import continual
 from quipu.trainer.continual import NewVersion
 from quipu.trainer.data import blend_report, format_blend_report, resolve_phase_starts
-from quipu.trainer.prepare import build_tokenizer, pinned_versions, resolve_sources, tokenize_source, write_prepared
+from quipu.trainer.prepare import (blend_languages, build_tokenizer, fertility_problems, pinned_versions, resolve_sources,
+                                   tokenize_source, tokenizer_text_shortfall, write_prepared)
 from quipu.trainer.train import TrainConfig, load_sources, plan_data, train
 
 
@@ -77,8 +81,19 @@ class ProgressReporter:
             pass
 
 
-@flow(name="tokenize-train", log_prints=True, persist_result=False)
-def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVersion | None = None) -> dict:
+@flow(name="tokenize-train", flow_run_name=train_name, log_prints=True, persist_result=False)
+def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVersion | None = None,
+                   strict: bool = False) -> dict:
+    """`strict`: a blend language the tokenizer does not fit (README, Training) is an error, not a warning."""
+    try:
+        return _train_flow(config, resume, new_version, strict)
+    except UserError as e:   # on a worker: one ERROR line with the fix, no traceback
+        return failed_run(e)
+
+
+def _train_flow(config: TrainConfig, resume: bool, new_version: NewVersion | None, strict: bool) -> dict:
+    if warning := checkout_warning(__file__):
+        get_run_logger().warning(warning)
     run_dir = Path(config.output).resolve()
     with output_lock(run_dir):   # one training run per run folder (a killed one's lock is gone with it)
         registry.mark_stale_runs_crashed("tokenize-train", output=str(run_dir))
@@ -89,7 +104,7 @@ def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVe
                 get_run_logger().info("nothing to train: %s", resume_or_reason)
                 return {"skipped": resume_or_reason}
             resume, pinned = resume_or_reason, None
-        return _tokenize_train(config, resume, run_dir, pinned, new_version)
+        return _tokenize_train(config, resume, run_dir, pinned, new_version, strict)
 
 
 def trained_versions(run_dir: Path) -> dict[str, list[int]] | None:
@@ -99,16 +114,31 @@ def trained_versions(run_dir: Path) -> dict[str, list[int]] | None:
     return json.loads(run["summary"]).get("versions") if run and run.get("summary") else None
 
 
-def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, new_version) -> dict:
-    log = get_run_logger()
+def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, new_version, strict: bool = False) -> dict:
     remove_stale_temporaries(run_dir)
     sources = preflight(config, pinned)
+    has_tokenizer = resume and (run_dir / "tokenizer" / "tokenizer_meta.json").exists()
+    short = [] if has_tokenizer else tokenizer_text_shortfall(config.tokenizer, config.data, sources)
+    if short:
+        reason = (f"not enough text to train the tokenizer ({'; '.join(short)}: tokenizer.min_words_per_language); "
+                  "a BPE trained now would be kept for every later version. Curate more, or set tokenizer.kind: smollm2")
+        if new_version is not None:     # the chain: wait for the versions to come
+            get_run_logger().warning("nothing trained yet: %s", reason)
+            return {"skipped": reason}
+        if strict:
+            raise UserError(reason)
+        get_run_logger().warning(reason)
     run_id = registry.start_run("tokenize-train", config.model_dump(mode="json"), str(run_dir))
     try:
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
-        log.info("tokenizer %s; tokens/word per language: %s", tok_dir,
-                 {k: v["tokens_per_word"] for k, v in fert.items()})
-        say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word']:.2f}" for k, v in fert.items()))
+        say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word'] or float('nan'):.2f}"
+                                                                   for k, v in fert.items()))
+        unfit = fertility_problems(fert, blend_languages(config.data), config.tokenizer.max_tokens_per_word)
+        if unfit:
+            message = "the tokenizer does not fit the blend: " + "; ".join(unfit)
+            if strict:
+                raise UserError(message + " (strict)")
+            get_run_logger().warning(message)
         # one selection after another (each tokenizes its shards in parallel): selections that share
         # shards (cc-main and cc-main@3) find them done
         markers = {n: tokenize_task(n, p, tok_dir, str(run_dir), config, run_id) for n, p in sources.items()}
@@ -116,13 +146,10 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         prepared = write_prepared(run_dir, TextTokenizer.load(tok_dir), markers, fert)
         for n, s in prepared["summary"].items():
             new = sum(1 for m in markers[n] if not m.get("reused"))
-            log.info("source %s: versions %s, %d documents, %d tokens (%d of %d shards tokenized now)", n,
-                     prepared["versions"][n], s["docs"], s["tokens"], new, len(markers[n]))
             say(f"source {n}: versions {prepared['versions'][n]}, {s['docs']:,} documents, {s['tokens']:,} tokens "
                 f"({new} of {len(markers[n])} shards tokenized now)")
         phases, _ = plan_data(config, load_sources(config, prepared))
         blend = format_blend_report(blend_report(phases))
-        log.info("blend:\n%s", blend)
         say("blend:\n" + blend)   # before training, not after
         step = continual.checkpoint_step(run_dir) if resume else None
         continual.record(run_dir, config, {"started": dt.datetime.now(dt.timezone.utc).isoformat(), "run_id": run_id,

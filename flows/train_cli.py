@@ -61,7 +61,7 @@ def cmd_train(args) -> int:
         from quipu.catalog.ownership import check_free
         check_free(Path(config.output).resolve())   # another live run in this folder: say so before Prefect
         from quipu.flows.train import tokenize_train
-        summary = tokenize_train(config, resume=args.resume)
+        summary = tokenize_train(config, resume=args.resume, strict=args.strict)
     except (BlendError, FileNotFoundError, TrainingDiverged) as e:
         raise UserError(str(e)) from None
     print()
@@ -108,6 +108,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="tokenize curated datasets and train a Llama-style model (flow tokenize-train)")
     add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    p.add_argument("--strict", action="store_true",
+                   help="a blend language with too little tokenizer training text, no held-out text or a fertility "
+                        "above tokenizer.max_tokens_per_word is an error (default: a warning)")
     p.add_argument("--output", help="run directory (replaces the config's output)")
     p.add_argument("--max-steps", type=int, help="replaces train.max_steps")
     p.set_defaults(func=cmd_train)

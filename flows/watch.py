@@ -31,6 +31,7 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from quipu.catalog import registry
+from quipu.flows.run_names import watch_name
 from quipu.catalog.files import sha256_file, sha256_json
 from quipu.tasks.readers import SUPPORTED
 
@@ -194,6 +195,18 @@ def scan(cfg: WatchConfig, sleep: Callable[[float], None] = time.sleep) -> Scan:
     return result
 
 
+def missing_locations(cfg: WatchConfig) -> list[str]:
+    """A warning per watched location that does not exist (a typo, a mount that is not there):
+    looking at it finds nothing, which is not the same as "no new files"."""
+    out = []
+    for url in cfg.locations:
+        loc = Location(url)
+        if not loc.fs.exists(loc.root):
+            out.append(f"watched location {url} does not exist ({loc.key}; relative paths are from {Path.cwd()}): "
+                       "create it, or set `locations` in the watch config")
+    return out
+
+
 def mark_seen(result: Scan, run_id: str | None) -> None:
     for location, files in result.new.items():
         registry.mark_files_seen(location, [asdict(f) for f in files], run_id)
@@ -288,10 +301,12 @@ def announce(cfg: WatchConfig, result: Scan) -> dict:
     return {"event_id": str(event.id), "occurred": event.occurred.isoformat(), **payload}
 
 
-@flow(name="watch", log_prints=True, persist_result=False)
+@flow(name="watch", flow_run_name=watch_name, log_prints=True, persist_result=False)
 def watch(config: WatchConfig = WatchConfig()) -> dict:
     """Announce new or changed input files with a `quipu.data.arrived` event (nothing new: no event)."""
     log = get_run_logger()
+    for warning in missing_locations(config):
+        log.warning(warning)
     settled = settle_pending(config, log)
     result = scan(config)
     out = {"new": len(result.paths), "unsettled": result.unsettled, "unchanged": result.unchanged,

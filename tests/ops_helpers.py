@@ -175,6 +175,29 @@ class Redis:
         self.proc.wait(10)
 
 
+def deployment_runs(deployment: str) -> list:
+    """Flow runs of a deployment ("flow/deployment"), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(deployment)
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+    return sorted(runs, key=lambda r: r.created)
+
+
+def wait_run_final(deployment: str, n: int, worker_log: Path, timeout: float = 150):
+    """The n-th run of a deployment (oldest first), once it has finished; the worker's log on a timeout."""
+    def done():
+        runs = deployment_runs(deployment)
+        if len(runs) >= n and runs[n - 1].state and runs[n - 1].state.is_final():
+            return runs[n - 1]
+        return None
+    try:
+        return wait_until(done, timeout, f"{deployment} run {n} finishing", every=1)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\nworker log:\n{worker_log.read_text()[-4000:]}") from None
+
+
 # ---- data and configs -------------------------------------------------------------------------
 
 def small_jsonl(shared_data: Path, dest: Path, source: str, n: int, skip: int = 0) -> Path:

@@ -1,3 +1,5 @@
+import json
+
 import pyarrow as pa
 import pytest
 
@@ -60,3 +62,47 @@ def test_stale_running_runs_are_marked_crashed(tmp_path):
 def test_kv_cache_roundtrip():
     registry.kv_put_many("unit", {"a": 1.5, "b": [1, 2]})
     assert registry.kv_get_many("unit", ["a", "b", "c"]) == {"a": 1.5, "b": [1, 2]}
+
+
+def _curate_run(out, dataset: str, kept: int) -> str:
+    """A finished curate run in the catalog as the flow leaves it: run.json, a curated version, lineage."""
+    import pyarrow.parquet as pq
+    summary = {"output": str(out), "records_read": 10, "quarantined": 1, "curated": {"rows": kept, "shards": []},
+               "stages": [{"name": "extract", "input_docs": 9, "kept_docs": 9, "removed_docs": 0, "removed_by_reason": {}},
+                          {"name": "langid", "input_docs": 9, "kept_docs": kept, "removed_docs": 9 - kept,
+                           "removed_by_reason": {"langid:other": 9 - kept}}]}
+    run_id = registry.start_run("curate", {"dataset": dataset, "langid": {"enabled": True}}, str(out))
+    shard = out / "curated" / "part-00000.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": [str(i) for i in range(kept)], "text": ["x"] * kept}), shard)
+    registry.register_dataset(dataset, "curated", str(shard.parent), run_id,
+                              [{"path": str(shard), "rows": kept, "bytes": shard.stat().st_size, "sha256": sha256_file(shard)}])
+    registry.record_lineage(run_id, "input", [{"path": f"/in/batch-{kept}.jsonl"}])
+    write_json_atomic(out / "run.json", {**summary, "run_id": run_id})
+    registry.finish_run(run_id, "completed", summary)
+    return run_id
+
+
+def test_catalog_show_and_report_by_run_id_dataset_and_version(tmp_path, capsys):
+    from quipu.flows.cli import main
+    first = _curate_run(tmp_path / "a", "show-ds", 7)
+    second = _curate_run(tmp_path / "b", "show-ds", 5)
+
+    assert main(["catalog", "show", first]) == 0
+    text = capsys.readouterr().out
+    assert f"run {first}: curate, completed" in text and "10 records read, 1 quarantined, 7 documents curated" in text
+    assert "langid" in text and "/in/batch-7.jsonl" in text and len(text.splitlines()) < 15
+    assert main(["catalog", "show", "show-ds"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("dataset show-ds (curated): 2 version(s)") and f"run {second}" in text
+    assert "v1" in text and "v2" in text and "/in/batch-5.jsonl" in text
+    assert main(["catalog", "show", "show-ds@1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [v["version"] for v in shown["versions"]] == [1] and shown["versions"][0]["run_id"] == first
+
+    for ref, kept in ((first, 7), ("show-ds", 5), ("show-ds@1", 7), (str(tmp_path / "b"), 5)):
+        assert main(["report", ref]) == 0, ref
+        assert f"{kept}" in capsys.readouterr().out.split("langid")[1].split("\n")[0], ref
+    assert main(["report", "show-ds@9"]) == 2
+    assert "has no version 9 (it has 1, 2)" in capsys.readouterr().err
+    assert main(["catalog", "show", "nothing-here"]) == 2

