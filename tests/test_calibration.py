@@ -117,7 +117,13 @@ def test_calibrate_is_deterministic_and_its_report_agrees_with_the_stage(tmp_pat
     from quipu.flows.calibrate import run_calibration
     from quipu.flows.curate import CurateConfig
     from quipu.tasks.langid import LanguageId
-    ref = _english_reference(tmp_path)
+    docs = make_docs(80, seed=3, paras_per_doc=3)
+    # pages whose many one-word lines (share buttons) C4 drops before FineWeb measures short lines:
+    # the report must measure FineWeb on the text C4 left, as the stage does
+    for i, d in enumerate(make_docs(6, seed=9, paras_per_doc=3)):
+        paras = d["text"].split("\n\n")
+        docs.append({"id": f"share-{i}", "text": "\n".join(["Share", "Tweet", "Email", "Print", "Save", "Like", "Follow", "Comments", "Top", "Menu"] + paras)})
+    ref = write_jsonl(tmp_path / "ref" / "en.jsonl", docs)
     junk = write_jsonl(tmp_path / "junk.jsonl", junk_documents("en", 48, seed=5))
     demo = str(ROOT / "configs" / "curate" / "demo.yaml")
     outs = []
