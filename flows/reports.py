@@ -56,6 +56,14 @@ def format_funnel(run: dict, top: int = 5) -> str:
             out.append(f"{s['name']}: edits to kept text")
             for what, n in s["edits"].items():
                 out.append(f"  {n:>8}  {what}")
+    per_lang = [(s["name"], lang, d) for s in run["stages"] for lang, d in sorted(s.get("by_language", {}).items())]
+    if per_lang:
+        out.append("")
+        out.append("decisions per language (document lang from langid)")
+        out.append(f"  {'stage':<12}{'lang':<6}{'kept':>9}{'removed':>9}  top reasons")
+        for stage, lang, d in per_lang:
+            reasons = sorted(d["by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            out.append(f"  {stage:<12}{lang:<6}{d['kept']:>9}{d['removed']:>9}  " + ", ".join(f"{r} ({n})" for r, n in reasons))
     if run.get("quarantine_by_reason"):
         out.append("")
         out.append("quarantine reasons")

@@ -75,6 +75,22 @@ def count_reasons(removed: pa.Table, counts: dict[str, int], examples: dict[str,
             ex.append({"id": ids[i], "snippet": snippet(texts[i].as_py())})
 
 
+def count_languages(out: Outcome, into: dict) -> None:
+    """Per document language (once langid has run): documents kept, and removed by reason, into
+    `into["by_language"]` ({lang: {"kept": n, "removed": n, "by_reason": {reason: n}}})."""
+    if "lang" not in out.kept.column_names and "lang" not in out.removed.column_names:
+        return
+    by_lang = into.setdefault("by_language", {})
+    for lang in out.kept.column("lang").to_pylist() if "lang" in out.kept.column_names else []:
+        slot = by_lang.setdefault(lang or "und", {"kept": 0, "removed": 0, "by_reason": {}})
+        slot["kept"] += 1
+    if "lang" in out.removed.column_names and out.removed.num_rows:
+        for lang, reason in zip(out.removed.column("lang").to_pylist(), out.removed.column("reason").to_pylist()):
+            slot = by_lang.setdefault(lang or "und", {"kept": 0, "removed": 0, "by_reason": {}})
+            slot["removed"] += 1
+            slot["by_reason"][reason] = slot["by_reason"].get(reason, 0) + 1
+
+
 def merge_counts(into: dict, other: dict) -> dict:
     """Sum numbers and merge nested dicts; lists are concatenated (used for stage-specific stats)."""
     for k, v in other.items():
@@ -187,6 +203,7 @@ class _StageTally:
         self.removed_w.write(conform(out.removed, self.removed_w.schema, self.stage.name))
         count_reasons(out.removed, self.counts, self.examples)
         merge_counts(self.stats, out.stats)
+        count_languages(out, self.stats)
         self.seconds += time.perf_counter() - t0
         return out.kept
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quipu.tasks import gopher_counts
+from quipu.tasks import gopher_counts, language_rules
+from quipu.tasks.per_language import PerLanguage, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -35,52 +36,73 @@ DEFAULT_STOP_WORDS = {
 
 
 class _FilterConfig(BaseModel):
+    """A filter's parameters: each a scalar or a per-language value (quipu.tasks.per_language).
+    `OFF`: what a rule's parameter is when a language switches it off (`off`), where None is not
+    already datatrove's "rule off"."""
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
+    OFF: ClassVar[dict[str, Any]] = {"enabled": False}
+    enabled: PerLanguage(bool) = True
+
+    def for_language(self, lang: str | None) -> "_FilterConfig":
+        """The parameters that apply to a document in `lang`, every one a scalar."""
+        if not any(isinstance(v, dict) or (v is None and k in self.OFF) for k, v in self.__dict__.items()):
+            return self
+        return type(self).model_validate({k: resolve(v, lang, self.OFF.get(k)) for k, v in self.__dict__.items()})
+
+
+NGramLimits = list[tuple[int, float]]
 
 
 class GopherRepetitionConfig(_FilterConfig):
-    dup_line_frac: float | None = 0.3
-    dup_para_frac: float | None = 0.3
-    dup_line_char_frac: float | None = 0.2
-    dup_para_char_frac: float | None = 0.2
-    top_n_grams: list[tuple[int, float]] = [(2, 0.2), (3, 0.18), (4, 0.16)]
-    dup_n_grams: list[tuple[int, float]] = [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)]
+    OFF: ClassVar[dict[str, Any]] = {"enabled": False, "top_n_grams": [], "dup_n_grams": []}
+    dup_line_frac: PerLanguage(float) = 0.3
+    dup_para_frac: PerLanguage(float) = 0.3
+    dup_line_char_frac: PerLanguage(float) = 0.2
+    dup_para_char_frac: PerLanguage(float) = 0.2
+    top_n_grams: PerLanguage(NGramLimits) = [(2, 0.2), (3, 0.18), (4, 0.16)]
+    dup_n_grams: PerLanguage(NGramLimits) = [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)]
 
 
 class GopherQualityConfig(_FilterConfig):
-    min_doc_words: int | None = 50
-    max_doc_words: int | None = 100_000
-    min_avg_word_length: int | None = 3
-    max_avg_word_length: int | None = 10
-    max_symbol_word_ratio: float | None = 0.1
-    max_bullet_lines_ratio: float | None = 0.9
-    max_ellipsis_lines_ratio: float | None = 0.3
-    max_non_alpha_words_ratio: float | None = 0.8
-    min_stop_words: int | None = 2
+    min_doc_words: PerLanguage(int) = 50
+    max_doc_words: PerLanguage(int) = 100_000
+    min_avg_word_length: PerLanguage(float) = 3
+    max_avg_word_length: PerLanguage(float) = 10
+    max_symbol_word_ratio: PerLanguage(float) = 0.1
+    max_bullet_lines_ratio: PerLanguage(float) = 0.9
+    max_ellipsis_lines_ratio: PerLanguage(float) = 0.3
+    max_non_alpha_words_ratio: PerLanguage(float) = Field(0.8, description="really a minimum: the share of words holding a letter (datatrove's name)")
+    min_stop_words: PerLanguage(int) = 2
     stop_words: list[str] | None = Field(None, description="default: the document language's list in heuristics.stop_words")
 
 
 class C4Config(_FilterConfig):
-    split_paragraph: bool = True
-    remove_citations: bool = True
-    filter_no_terminal_punct: bool = False   # FineWeb's setting; C4's own is true
-    min_num_sentences: int = 5
-    min_words_per_line: int = 3
-    max_word_length: int = 1000
-    filter_lorem_ipsum: bool = True
-    filter_javascript: bool = True
-    filter_curly_bracket: bool = True
-    filter_policy: bool = True
+    OFF: ClassVar[dict[str, Any]] = {"enabled": False, "split_paragraph": True, "min_num_sentences": -1,
+                                     "min_words_per_line": -1, "max_word_length": -1, **{k: False for k in (
+                                         "remove_citations", "filter_no_terminal_punct", "filter_lorem_ipsum",
+                                         "filter_javascript", "filter_curly_bracket", "filter_policy")}}
+    split_paragraph: PerLanguage(bool) = True
+    remove_citations: PerLanguage(bool) = True
+    filter_no_terminal_punct: PerLanguage(bool) = False   # FineWeb's setting; C4's own is true
+    min_num_sentences: PerLanguage(int) = 5
+    min_words_per_line: PerLanguage(int) = 3
+    max_word_length: PerLanguage(int) = 1000
+    filter_lorem_ipsum: PerLanguage(bool) = True
+    filter_javascript: PerLanguage(bool) = True
+    filter_curly_bracket: PerLanguage(bool) = True
+    filter_policy: PerLanguage(bool) = True
 
 
 class FineWebConfig(_FilterConfig):
-    line_punct_thr: float = 0.12
-    line_punct_exclude_zero: bool = False
-    short_line_thr: float = 0.67
-    short_line_length: int = 30
-    char_duplicates_ratio: float = 0.01
-    new_line_ratio: float = 0.3
+    OFF: ClassVar[dict[str, Any]] = {"enabled": False, "line_punct_thr": 0.0, "line_punct_exclude_zero": False,
+                                     "short_line_thr": 1.0, "short_line_length": 0, "char_duplicates_ratio": 1.0,
+                                     "new_line_ratio": float("inf")}
+    line_punct_thr: PerLanguage(float) = 0.12
+    line_punct_exclude_zero: PerLanguage(bool) = False
+    short_line_thr: PerLanguage(float) = 0.67
+    short_line_length: PerLanguage(int) = 30
+    char_duplicates_ratio: PerLanguage(float) = 0.01
+    new_line_ratio: PerLanguage(float) = 0.3
 
 
 FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
@@ -92,6 +114,10 @@ FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
 
 
 class HeuristicsConfig(StageConfig):
+    compat: Literal["datatrove", "quipu"] = Field(
+        "datatrove", description="datatrove: datatrove's filters and statistics as they are (spaCy words); "
+                                 "quipu: the same rules with statistics that mean the same in every language "
+                                 "(quipu.tasks.language_rules; what `quipu calibrate` measures)")
     gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
     gopher_quality: GopherQualityConfig = GopherQualityConfig()
     c4: C4Config = C4Config()
@@ -111,11 +137,13 @@ class HeuristicsConfig(StageConfig):
         return self
 
     def filter_config(self, name: str, lang: str) -> _FilterConfig:
-        base = getattr(self, name)
+        """The filter's parameters for documents in `lang`: per-language values resolved, then the
+        `per_language` block's overrides."""
+        base = getattr(self, name).for_language(lang)
         override = self.per_language.get(lang, {}).get(name)
         if not override:
             return base
-        return type(base).model_validate({**base.model_dump(), **override})
+        return type(base).model_validate({**base.model_dump(), **override}).for_language(lang)
 
 
 # datatrove caches one spaCy tokenizer per language for the whole process, and spaCy's tokenizer is
@@ -360,7 +388,10 @@ class HeuristicFilters(Stage):
                 if name == "gopher_repetition":
                     kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
                     kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
-                chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
+                if cfg.compat == "quipu":
+                    chain.append((name, language_rules.RULES[name](language=lang, **kwargs)))
+                else:
+                    chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
             self._chains[lang] = chain
         return self._chains[lang]
 
@@ -398,7 +429,8 @@ class HeuristicFilters(Stage):
         tok_langs = {TOKENIZER_LANGUAGE.get(lang, "eng") for lang in chains}
         # one lock for the whole batch; spaCy's cache on, its memory bounded (see use_tokenizer_cache)
         with _TOKENIZER_LOCK:
-            use_tokenizer_cache(tok_langs)
+            if self.config.compat == "datatrove":
+                use_tokenizer_cache(tok_langs)
             verdicts = [self._judge(Document(text=text, id=doc_id), chains[lang or "en"])
                         for text, lang, doc_id in zip(texts, langs, ids)]
         for text, (new_text, reason) in zip(texts, verdicts):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import Field, field_validator
 
+from quipu.tasks.per_language import PerLanguage, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -28,10 +29,11 @@ def default_model_path() -> str:
 class LangIdConfig(StageConfig):
     languages: list[str] = Field(default_factory=lambda: ["en", "es", "pt"], min_length=1,
                                  description="ISO 639-1 codes to keep")
-    min_score: float = Field(0.65, ge=0, le=1, description="minimum fastText probability of the top label")
-    min_score_per_language: dict[str, float] = Field(default_factory=dict)
-    max_rival_score: float | None = Field(
-        0.11, ge=0, le=1,
+    min_score: PerLanguage(float) = Field(0.65, description="minimum fastText probability of the top label; "
+                                                             "per language: {default: 0.65, es: 0.84}")
+    min_score_per_language: dict[str, float] = Field(default_factory=dict, description="older form of a per-language min_score (wins over it)")
+    max_rival_score: PerLanguage(float) = Field(
+        0.11,
         description="also remove a document when a non-target language scores at least this much "
                     "(reason `lang_rival:<code>`): close relatives such as Galician, Catalan or "
                     "Asturian often top out as Spanish/Portuguese with a Galician runner-up; null: off")
@@ -100,13 +102,14 @@ class LanguageId(Stage):
         per_lang: dict[str, int] = {}
         for lang, score, pred in zip(langs, scores, preds):
             per_lang[lang] = per_lang.get(lang, 0) + 1
-            threshold = cfg.min_score_per_language.get(lang, cfg.min_score)
+            threshold = cfg.min_score_per_language.get(lang, resolve(cfg.min_score, lang, 0.0))
+            max_rival = resolve(cfg.max_rival_score, lang)
             rival = next(((code, p) for code, p in pred if code not in targets), None) if pred else None
             if lang not in targets:
                 keep.append(False); reasons.append(f"lang:{lang}")
             elif score < threshold:
                 keep.append(False); reasons.append(f"lang_score<{threshold:g}")
-            elif cfg.max_rival_score is not None and rival is not None and rival[1] >= cfg.max_rival_score:
+            elif max_rival is not None and rival is not None and rival[1] >= max_rival:
                 keep.append(False); reasons.append(f"lang_rival:{rival[0]}")
             else:
                 keep.append(True); reasons.append(None)

@@ -34,7 +34,8 @@ from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_
 from quipu.catalog.names import check_name
 from quipu.tasks.partitions import bounds, key_range, n_partitions, save_npy
 from quipu.tasks.schema import set_column
-from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, snippet, split_by_mask
+from quipu.tasks.per_language import PerLanguage, resolve
+from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, langs_of, snippet, split_by_mask
 from quipu.tasks.urls import host_of
 
 NORMALISATION = "ccnet-lower-digits0-nopunct-v1"   # stored in the index: counts only add up under one
@@ -66,12 +67,24 @@ _TABLE = _NormalisingTable()
 
 
 class LinesConfig(StageConfig):
-    max_line_count: int = Field(10, ge=1, description="a line found in more documents than this (this run plus the index of earlier runs) is removed from all of them")
-    min_words_left: int = Field(20, ge=0, description="a document with lines removed and fewer words left is removed (lines:too_short)")
+    max_line_count: PerLanguage(int) = Field(10, description="a line found in more documents than this (this run plus the index of earlier runs) is removed from all of them; per language: {default: 10, pt: 20} (by the document's lang)")
+    min_words_left: PerLanguage(int) = Field(20, description="a document with lines removed and fewer words left is removed (lines:too_short)")
     partition_rows: int = Field(20_000_000, ge=1000, description="line hashes the plan adds up at once (~36 bytes each, 0.7 GB at the default): bounds its memory")
     index: str | None = Field(None, description="name of the persistent line index (default: the curate `dataset`; neither: this run only)")
     backend: str = Field("file", pattern="^(file|none)$", description="file: counts persist between runs of the dataset; none: this run only")
     index_dir: str | None = Field(None, description="folder of the index (default: $QUIPU_HOME/lines/<index>)")
+
+    @field_validator("max_line_count")
+    @classmethod
+    def _positive(cls, v):
+        if any(n is None or n < 1 for n in (v.values() if isinstance(v, dict) else [v])):
+            raise ValueError("expected a count of at least 1 (a line index has no `off`: switch the stage off instead)")
+        return v
+
+    def lowest_line_count(self) -> int:
+        """The smallest per-language limit: the plan keeps every line above it."""
+        v = self.max_line_count
+        return min(v.values()) if isinstance(v, dict) else v
 
     @field_validator("index")
     @classmethod
@@ -251,7 +264,7 @@ class LineDedup(Stage):
         run_h, run_c = add_up([h for h, _ in own], [c for _, c in own])
         old = [c.slice(part["lo"], part["hi"]) for c in earlier]
         all_h, all_c = add_up([run_h] + [h for h, _ in old], [run_c] + [c for _, c in old])
-        keep = all_c > cfg.max_line_count
+        keep = all_c > cfg.lowest_line_count()
         freq_h, freq_c = all_h[keep], all_c[keep]
         out = self.layout.scratch("_plan")
         top = []
@@ -301,13 +314,16 @@ class LineDedup(Stage):
         counts[flat == 0] = 0
         urls = batch.column("url").to_pylist() if "url" in batch.column_names else [None] * len(texts)
         sources = batch.column("source").to_pylist() if "source" in batch.column_names else [None] * len(texts)
+        langs = langs_of(batch, None)
         new_texts, spans_col, keep, reasons = [], [], [], []
         stats = {"lines_removed": 0, "docs_edited": 0, "chars_removed": 0, "top_lines": {}}
         by_domain: dict[str, int] = {}
         i = 0
-        for text, hs, url, source in zip(texts, per_doc, urls, sources):
+        for text, hs, url, source, lang in zip(texts, per_doc, urls, sources, langs):
             doc_counts = counts[i:i + len(hs)]
             i += len(hs)
+            if isinstance(cfg.max_line_count, dict):   # the plan kept lines above the lowest limit
+                doc_counts = np.where(doc_counts > resolve(cfg.max_line_count, lang), doc_counts, 0)
             if not doc_counts.any():
                 new_texts.append(text); spans_col.append([]); keep.append(True); reasons.append(None)
                 continue
@@ -331,7 +347,7 @@ class LineDedup(Stage):
             stats["docs_edited"] += 1
             stats["chars_removed"] += removed_chars
             words_left = len(new_text.split())
-            if words_left == 0 or words_left < cfg.min_words_left:
+            if words_left == 0 or words_left < resolve(cfg.min_words_left, lang, 0):
                 new_texts.append(text)
                 reasons.append("lines:all_lines_repeated" if words_left == 0 else "lines:too_short")
                 keep.append(False)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# QUIPU_SHARED_DATA: the data folder where ../shared is not beside this checkout (a git worktree)
+SHARED_DATA = Path(os.environ.get("QUIPU_SHARED_DATA") or ROOT.parent / "shared" / "data")
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="quipu-tests-"))
 
 

@@ -1,0 +1,282 @@
+"""The heuristics stage's rules with statistics that mean the same in every language (`compat: quipu`).
+
+datatrove's Gopher, C4 and FineWeb filters (`compat: datatrove`, the stage's default) count words
+with spaCy tokens, and a few of their statistics are distorted by that tokenisation in ways that
+differ by language and house style:
+
+- Gopher's alpha rule (`max_non_alpha_words_ratio`: at least 80 % of words hold a letter) counts
+  every punctuation token as a word, so prose with «», parentheses and dashes (European
+  Portuguese, Spanish dialogue) falls under it. Here a word is a whitespace-separated token that is
+  not punctuation only; symbol tokens (`|`, `→`, `$`) and numbers still count as non-alpha words,
+  which is what the rule is for (tables, menus, code).
+- Gopher's word count, mean word length, `#`/ellipsis ratio and stop-word rule use the same words;
+  stop words are matched lower-cased and without surrounding punctuation (datatrove: exact token,
+  so "La" or "De" opening a sentence did not count).
+- C4's sentence count (`min_num_sentences`) splits sentences at every `.`, including the one of an
+  abbreviation ("Sr.", "Dra.", "pág.", "etc.", "EE. UU."): here the split knows the language's
+  abbreviations, initials and decimal numbers.
+- FineWeb's `line_punct_ratio` asks whether a line ends in terminal punctuation; a line that ends
+  `...termina.»` or `(ver pág. 3).` with a space after it did not count. Here closing quotes,
+  brackets and trailing spaces are looked through. `list_ratio` (newlines per word) uses the words
+  above.
+
+The Gopher repetition rules keep their definitions over these words (no spaCy: n-grams of
+whitespace words, counted by `gopher_counts.WordStats`). Every filter here has the datatrove
+filter's `filter(doc)` interface and reason names, plus `statistics(text)`: the numbers its rules
+compare, which `quipu calibrate` computes on reference text (quipu.tasks.calibration), so a
+calibrated threshold and the rule that applies it measure the same thing.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+import numpy as np
+from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, POLICY_SUBSTRINGS
+from datatrove.pipeline.filters.gopher_repetition_filter import find_duplicates
+from datatrove.utils.text import TERMINAL_PUNCTUATION
+
+from quipu.tasks.gopher_counts import WordStats
+
+# Abbreviations that end in a period inside a sentence, lower-cased, without the final period.
+ABBREVIATIONS = {
+    "en": "mr mrs ms dr prof sr jr st mt vs etc e.g i.e approx dept est fig no nos vol vols p pp ed eds "
+          "jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt rev gov sen rep inc ltd co corp "
+          "u.s u.k a.m p.m ph.d b.a m.a ca cf al op",
+    "es": "sr sra sres sras srta d dña dr dra dres lic lda ing arq prof profa sto sta ud uds vd vds "
+          "pág págs p pp etc ej ee uu ee.uu cía av avda c/ nº núm art arts cap caps fig vol vols ed "
+          "aprox apdo tel dpto depto admón gral excmo excma ilmo ilma rvdo mons pza ctra km mín máx "
+          "a.c d.c a.m p.m s.a s.l ss pl vs cf op cit ib ibid id",
+    "pt": "sr sra srs sras srta dr dra drs dras prof profa eng arq exmo exma ilmo ilma v.exa d "
+          "pág págs p pp etc ex ver cia av r n nº núm art arts cap caps fig vol vols ed aprox tel "
+          "dept depto gov min máx a.c d.c a.m p.m s.a ltda jan fev mar abr mai jun jul ago set out nov dez "
+          "cf op cit ib ibid id",
+}
+# abbreviations that also end sentences: they end one when the next word is capitalised
+SENTENCE_FINAL = frozenset({"etc", "uu", "ee.uu", "inc", "ltd", "ltda", "co", "cia", "a.c", "d.c", "a.m", "p.m",
+                            "s.a", "s.l", "u.s", "u.k"})
+SENTENCE_END = re.compile(r"[.!?…]+[\"'»”’)\]]*(?=\s|$)")
+CLOSERS = "\"'»”’)]}*_ \t\r"
+STOP_CHARS = tuple(TERMINAL_PUNCTUATION)
+
+
+def is_punct_only(token: str) -> bool:
+    return all(unicodedata.category(c)[0] == "P" for c in token)
+
+
+def words_of(text: str) -> list[str]:
+    """Whitespace-separated tokens that are not punctuation only."""
+    return [t for t in text.split() if not is_punct_only(t)]
+
+
+def bare(word: str) -> str:
+    """A word without the punctuation around it, lower-cased (for stop words and word length)."""
+    i, j = 0, len(word)
+    while i < j and unicodedata.category(word[i])[0] == "P":
+        i += 1
+    while j > i and unicodedata.category(word[j - 1])[0] == "P":
+        j -= 1
+    return word[i:j].lower()
+
+
+@lru_cache(maxsize=16)
+def abbreviations(lang: str) -> frozenset[str]:
+    return frozenset(ABBREVIATIONS.get(lang, ABBREVIATIONS["en"]).split())
+
+
+def count_sentences(line: str, lang: str) -> int:
+    """Sentences in one line: ends at . ! ? … (with closing quotes) before a space or the line's end,
+    except after the language's abbreviations, an initial ("J. R. Tolkien") or inside a number; text
+    after the last end is a sentence too (as spaCy's sentencizer counts a fragment)."""
+    abbrev = abbreviations(lang)
+    n, last = 0, 0
+    for m in SENTENCE_END.finditer(line):
+        end = m.end()
+        if m.group().startswith(".") and m.group().rstrip("\"'»”’)]") == ".":
+            before = line[last:m.start()].split()
+            token = bare(before[-1]) if before else ""
+            rest = line[end:].lstrip()
+            final = token in SENTENCE_FINAL and not rest[:1].islower()
+            if (token in abbrev and not final) or (len(token) == 1 and token.isalpha()) or rest[:1].islower():
+                continue             # an abbreviation, an initial, or the sentence goes on in lower case
+        if line[last:m.start()].strip():
+            n += 1
+        last = end
+    if any(c.isalnum() for c in line[last:]):
+        n += 1
+    return n
+
+
+def ends_in_punct(line: str) -> bool:
+    """Whether a line ends in terminal punctuation, looking through closing quotes, brackets, spaces."""
+    return line.rstrip(CLOSERS).endswith(STOP_CHARS)
+
+
+class _Rules:
+    """Base: `filter(doc)` applies `statistics` against the thresholds in datatrove's rule order."""
+
+    def __init__(self, language: str = "en", **params):
+        self.lang = language
+        self.__dict__.update(params)
+
+    def filter(self, doc):
+        ok, reason, text = self.check(doc.text)
+        doc.text = text
+        return True if ok else (False, reason)
+
+
+class GopherRepetitionRules(_Rules):
+    """datatrove's GopherRepetitionFilter over whitespace words."""
+    paragraph_exp = re.compile(r"\n{2,}")
+    line_exp = re.compile("\n+")
+
+    def statistics(self, text: str) -> dict[str, float]:
+        if not text:
+            return {}
+        paragraphs = self.paragraph_exp.split(text.strip())
+        p_dup, p_chars = find_duplicates(paragraphs)
+        lines = self.line_exp.split(text)
+        l_dup, l_chars = find_duplicates(lines)
+        n = len(text)
+        out = {"dup_para_frac": p_dup / len(paragraphs), "dup_para_char_frac": p_chars / n,
+               "dup_line_frac": l_dup / len(lines), "dup_line_char_frac": l_chars / n}
+        words = words_of(text)
+        stats = WordStats(words)
+        for k, _ in self.top_n_grams:
+            out[f"top_{k}_gram"] = stats.top_duplicate(k) / n if len(words) >= k else 0.0
+        for k, _ in self.dup_n_grams:
+            out[f"duplicated_{k}_n_grams"] = stats.all_duplicate(k) / n
+        return out
+
+    def check(self, text: str):
+        if not text:
+            return False, "empty", text
+        s = self.statistics(text)
+        for rule in ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac"):
+            limit = getattr(self, rule)
+            if limit and s[rule] > limit:
+                return False, rule, text
+        for k, limit in self.top_n_grams:
+            if s[f"top_{k}_gram"] > limit:
+                return False, f"top_{k}_gram", text
+        for k, limit in self.dup_n_grams:
+            if s[f"duplicated_{k}_n_grams"] > limit:
+                return False, f"duplicated_{k}_n_grams", text
+        return True, None, text
+
+
+class GopherQualityRules(_Rules):
+    """datatrove's GopherQualityFilter; words: whitespace tokens that are not punctuation only."""
+
+    def statistics(self, text: str) -> dict[str, float]:
+        words = words_of(text)
+        n = len(words)
+        lines = text.splitlines() or [""]
+        bare_words = [bare(w) for w in words]
+        return {
+            "n_words": n,
+            "avg_word_length": float(np.mean([len(w) for w in bare_words])) if n else 0.0,
+            "hash_ratio": text.count("#") / max(n, 1),
+            "ellipsis_ratio": (text.count("...") + text.count("…")) / max(n, 1),
+            "bullet_lines_ratio": sum(s.lstrip().startswith(("•", "-")) for s in lines) / len(lines),
+            "ellipsis_lines_ratio": sum(s.rstrip().endswith(("...", "…")) for s in lines) / len(lines),
+            "alpha_words_ratio": sum(any(c.isalpha() for c in w) for w in words) / n if n else 0.0,
+            "stop_words": len(self.stop_words.intersection(bare_words)),
+        }
+
+    def check(self, text: str):
+        s = self.statistics(text)
+        rules = (("min_doc_words", s["n_words"] < (self.min_doc_words or 0), "gopher_short_doc"),
+                 ("max_doc_words", s["n_words"] > (self.max_doc_words or float("inf")), "gopher_long_doc"),
+                 ("min_avg_word_length", s["avg_word_length"] < (self.min_avg_word_length or 0), "gopher_below_avg_threshold"),
+                 ("max_avg_word_length", s["avg_word_length"] > (self.max_avg_word_length or float("inf")), "gopher_above_avg_threshold"),
+                 ("max_symbol_word_ratio", s["hash_ratio"] > (self.max_symbol_word_ratio or float("inf")), "gopher_too_many_hashes"),
+                 ("max_symbol_word_ratio", s["ellipsis_ratio"] > (self.max_symbol_word_ratio or float("inf")), "gopher_too_many_ellipsis"),
+                 ("max_bullet_lines_ratio", s["bullet_lines_ratio"] > (self.max_bullet_lines_ratio or float("inf")), "gopher_too_many_bullets"),
+                 ("max_ellipsis_lines_ratio", s["ellipsis_lines_ratio"] > (self.max_ellipsis_lines_ratio or float("inf")), "gopher_too_many_end_ellipsis"),
+                 ("max_non_alpha_words_ratio", s["alpha_words_ratio"] < (self.max_non_alpha_words_ratio or 0), "gopher_below_alpha_threshold"),
+                 ("min_stop_words", s["stop_words"] < (self.min_stop_words or 0), "gopher_enough_stop_words"))
+        for _, failed, reason in rules:
+            if failed:
+                return False, reason, text
+        return True, None, text
+
+    def __init__(self, language: str = "en", stop_words=None, **params):
+        super().__init__(language, **params)
+        self.stop_words = {w.lower() for w in (stop_words or [])}
+
+
+class C4Rules(_Rules):
+    """datatrove's C4QualityFilter (the same line edits) with sentences counted by `count_sentences`."""
+
+    def edit(self, text: str) -> tuple[str | None, str | None, int]:
+        """(edited text or None, whole-document reason or None, sentences in the kept lines)."""
+        n_sentences, kept = 0, []
+        for line in text.splitlines():
+            line = line.strip()
+            words = line.split()
+            if self.max_word_length != -1 and any(len(w) > self.max_word_length for w in words):
+                continue
+            if self.remove_citations:
+                line = CITATION_REGEX.sub("", line)
+            if self.filter_no_terminal_punct and (not line.endswith((".", "?", "!", '"', "'")) or line.endswith(ELLIPSIS)):
+                continue
+            if len(words) < self.min_words_per_line:
+                continue
+            lower = line.lower()
+            if self.filter_lorem_ipsum and "lorem ipsum" in lower:
+                return None, "lorem_ipsum", n_sentences
+            if self.filter_javascript and "javascript" in lower:
+                continue
+            if self.filter_curly_bracket and "{" in line:
+                return None, "curly_bracket", n_sentences
+            if self.filter_policy and any(p in lower for p in POLICY_SUBSTRINGS):
+                continue
+            n_sentences += count_sentences(line, self.lang)
+            kept.append(line)
+        return "\n".join(kept).strip(), None, n_sentences
+
+    def statistics(self, text: str) -> dict[str, float]:
+        edited, reason, n = self.edit(text)
+        return {"num_sentences": n if reason is None else 0}
+
+    def check(self, text: str):
+        edited, reason, n = self.edit(text)
+        if reason is not None:
+            return False, reason, text
+        if n < self.min_num_sentences:
+            return False, "too_few_sentences", text
+        return True, None, edited
+
+
+class FineWebRules(_Rules):
+    """datatrove's FineWebQualityFilter; a line's end is looked at through closing quotes and spaces."""
+
+    def statistics(self, text: str) -> dict[str, float]:
+        lines = [line for line in text.split("\n") if line.strip()]
+        if not lines:
+            return {}
+        chars = len(text.replace("\n", "")) or 1
+        return {"line_punct_ratio": sum(ends_in_punct(line) for line in lines) / len(lines),
+                "short_line_ratio": sum(len(line.strip()) <= self.short_line_length for line in lines) / len(lines),
+                "char_dup_ratio": find_duplicates(lines)[1] / chars,
+                "list_ratio": text.count("\n") / max(len(words_of(text)), 1)}
+
+    def check(self, text: str):
+        s = self.statistics(text)
+        if not s:
+            return False, "empty", text
+        if s["line_punct_ratio"] < self.line_punct_thr and not (s["line_punct_ratio"] == 0 and self.line_punct_exclude_zero):
+            return False, "line_punct_ratio", text
+        if s["short_line_ratio"] > self.short_line_thr:
+            return False, "short_line_ratio", text
+        if s["char_dup_ratio"] > self.char_duplicates_ratio:
+            return False, "char_dup_ratio", text
+        if s["list_ratio"] > self.new_line_ratio:
+            return False, "list_ratio", text
+        return True, None, text
+
+
+RULES = {"gopher_repetition": GopherRepetitionRules, "gopher_quality": GopherQualityRules,
+         "c4": C4Rules, "fineweb": FineWebRules}

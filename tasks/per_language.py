@@ -1,0 +1,66 @@
+"""A threshold per language: one config value type for every rule of `langid`, `lines` and `heuristics`.
+
+A rule's threshold is written either as a scalar, applied to every language as before, or as a
+mapping from language codes (the document's `lang`, from langid) to values, with `default` for
+the languages not named:
+
+    line_punct_thr: 0.12
+    line_punct_thr: {default: 0.12, es: 0.182, pt: 0.077}
+    min_num_sentences: {default: 5, es: off, pt: off}      # the rule is switched off for es, pt
+
+`off` (or null) switches the rule off for that language; what "off" means for a rule (a bound
+that can never be crossed) is the rule's business (`resolve(value, lang, off=...)`). FineWeb-2
+(Penedo et al., 2025) derives each language's values from data; `quipu calibrate` writes them in
+this form.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar, Union
+
+from pydantic import BeforeValidator, ValidationError, WrapValidator
+
+T = TypeVar("T")
+OFF = "off"
+
+
+def _check_mapping(value: Any) -> Any:
+    """A mapping must name `default`; keys must be language codes; `off` becomes None."""
+    if not isinstance(value, dict):
+        return None if value == OFF else value
+    if "default" not in value:
+        raise ValueError("a per-language value needs a `default` key, e.g. {default: 0.12, es: 0.18}")
+    for key in value:
+        if key != "default" and not (isinstance(key, str) and key.isalpha() and 2 <= len(key) <= 3):
+            raise ValueError(f"'{key}' is not a language code like 'es' (or `default`)")
+    return {k: None if v == OFF else v for k, v in value.items()}
+
+
+KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false"}
+
+
+def PerLanguage(kind: Any) -> Any:
+    """The config type of a per-language threshold of scalar type `kind` (e.g. `PerLanguage(float)`):
+    a `kind`, `off`/null, or `{default: kind, <lang>: kind | off, ...}`. A bad value gets one
+    message saying what was expected (not one per branch of the union)."""
+    what = KIND_NAMES.get(kind, "a list like [[2, 0.2], [3, 0.18]]")
+
+    def one_message(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"expected {what}, `off`, or one per language like {{default: <value>, es: <value>}}") from None
+
+    return Annotated[Union[kind, None, dict[str, Union[kind, None]]], WrapValidator(one_message),
+                     BeforeValidator(_check_mapping)]
+
+
+def resolve(value: Any, lang: str | None, off: Any = None) -> Any:
+    """The value that applies to a document in `lang`; `off` where the rule is switched off."""
+    if isinstance(value, dict):
+        value = value.get(lang, value["default"]) if lang is not None else value["default"]
+    return off if value is None else value
+
+
+def languages_named(value: Any) -> set[str]:
+    """The languages a per-language value names explicitly (empty for a scalar)."""
+    return {k for k in value if k != "default"} if isinstance(value, dict) else set()
