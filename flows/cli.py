@@ -15,7 +15,7 @@ import sys
 
 from quipu.catalog.errors import UserError
 from quipu.demo import run as demo
-from quipu.flows import ablate_cli, benchmarks_cli, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
 from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
@@ -37,6 +37,7 @@ COMMANDS = [
     (benchmarks_cli, "benchmarks ls|check"),
     (train_cli, "train, plan, export"),
     (ablate_cli, "ablate"),
+    (calibrate, "calibrate"),
     (demo, "demo"),
     (config_cli, "config show"),
 ]

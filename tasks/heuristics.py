@@ -66,8 +66,8 @@ class GopherRepetitionConfig(_FilterConfig):
 class GopherQualityConfig(_FilterConfig):
     min_doc_words: PerLanguage(int) = 50
     max_doc_words: PerLanguage(int) = 100_000
-    min_avg_word_length: PerLanguage(float) = 3
-    max_avg_word_length: PerLanguage(float) = 10
+    min_avg_word_length: PerLanguage(float) = 3.0
+    max_avg_word_length: PerLanguage(float) = 10.0
     max_symbol_word_ratio: PerLanguage(float) = 0.1
     max_bullet_lines_ratio: PerLanguage(float) = 0.9
     max_ellipsis_lines_ratio: PerLanguage(float) = 0.3

@@ -14,10 +14,14 @@ differ by language and house style:
   so "La" or "De" opening a sentence did not count).
 - C4's sentence count (`min_num_sentences`) splits sentences at every `.`, including the one of an
   abbreviation ("Sr.", "Dra.", "pág.", "etc.", "EE. UU."): here the split knows the language's
-  abbreviations, initials and decimal numbers.
+  abbreviations, initials and decimal numbers, and only terminated sentences count (spaCy counts
+  any fragment, so every line of a menu was a "sentence"). Its policy lines (cookie banners, legal footers)
+  are matched in the document's language, not in English only.
 - FineWeb's `line_punct_ratio` asks whether a line ends in terminal punctuation; a line that ends
   `...termina.»` or `(ver pág. 3).` with a space after it did not count. Here closing quotes,
-  brackets and trailing spaces are looked through. `list_ratio` (newlines per word) uses the words
+  brackets and trailing spaces are looked through, and a long line of sentences that runs on after
+  its last full stop (a byline, a caption) counts as punctuated: text stored one paragraph or one
+  document per line (Fake.br) otherwise scores 0 or 1 on its last few words. `list_ratio` (newlines per word) uses the words
   above.
 
 The Gopher repetition rules keep their definitions over these words (no spaCy: n-grams of
@@ -54,6 +58,16 @@ ABBREVIATIONS = {
           "cf op cit ib ibid id",
 }
 # abbreviations that also end sentences: they end one when the next word is capitalised
+# C4's policy lines (cookie banners, legal footers) in each language: datatrove's list is English only
+POLICY = {
+    "en": tuple(POLICY_SUBSTRINGS) + ("all rights reserved", "accept all cookies", "cookie settings"),
+    "es": ("política de privacidad", "política de cookies", "utilizamos cookies", "usamos cookies", "uso de cookies",
+           "utiliza cookies", "usa cookies", "aviso legal", "condiciones de uso", "términos de uso",
+           "derechos reservados", "configurar cookies", "aceptar cookies"),
+    "pt": ("política de privacidade", "política de cookies", "utilizamos cookies", "usamos cookies", "uso de cookies",
+           "utiliza cookies", "usa cookies", "termos de uso", "termos e condições", "direitos reservados",
+           "configurar cookies", "aceitar cookies"),
+}
 SENTENCE_FINAL = frozenset({"etc", "uu", "ee.uu", "inc", "ltd", "ltda", "co", "cia", "a.c", "d.c", "a.m", "p.m",
                             "s.a", "s.l", "u.s", "u.k"})
 SENTENCE_END = re.compile(r"[.!?…]+[\"'»”’)\]]*(?=\s|$)")
@@ -87,8 +101,8 @@ def abbreviations(lang: str) -> frozenset[str]:
 
 def count_sentences(line: str, lang: str) -> int:
     """Sentences in one line: ends at . ! ? … (with closing quotes) before a space or the line's end,
-    except after the language's abbreviations, an initial ("J. R. Tolkien") or inside a number; text
-    after the last end is a sentence too (as spaCy's sentencizer counts a fragment)."""
+    except after the language's abbreviations, an initial ("J. R. Tolkien") or inside a number. Text
+    after the last end is not a sentence (spaCy's sentencizer counts it: every menu item was one)."""
     abbrev = abbreviations(lang)
     n, last = 0, 0
     for m in SENTENCE_END.finditer(line):
@@ -103,14 +117,20 @@ def count_sentences(line: str, lang: str) -> int:
         if line[last:m.start()].strip():
             n += 1
         last = end
-    if any(c.isalnum() for c in line[last:]):
-        n += 1
     return n
 
 
+RUN_ON_LINE_CHARS = 120
+INNER_END = re.compile(r"[.!?…][\"'»”’)\]]*\s+\S")
+
+
 def ends_in_punct(line: str) -> bool:
-    """Whether a line ends in terminal punctuation, looking through closing quotes, brackets, spaces."""
-    return line.rstrip(CLOSERS).endswith(STOP_CHARS)
+    """Whether a line is punctuated text: it ends in terminal punctuation (looking through closing
+    quotes, brackets and spaces), or it is a long line of sentences that runs on after its last full
+    stop (a byline, a caption: text stored one paragraph or one document per line)."""
+    if line.rstrip(CLOSERS).endswith(STOP_CHARS):
+        return True
+    return len(line) >= RUN_ON_LINE_CHARS and INNER_END.search(line) is not None
 
 
 class _Rules:
@@ -210,9 +230,10 @@ class GopherQualityRules(_Rules):
 class C4Rules(_Rules):
     """datatrove's C4QualityFilter (the same line edits) with sentences counted by `count_sentences`."""
 
-    def edit(self, text: str) -> tuple[str | None, str | None, int]:
-        """(edited text or None, whole-document reason or None, sentences in the kept lines)."""
-        n_sentences, kept = 0, []
+    def edit(self, text: str, stop: bool = True) -> tuple[str | None, str | None, int]:
+        """(edited text or None, whole-document reason or None, sentences in the kept lines); with
+        `stop=False` the lines go on being counted after a whole-document rule hit (statistics)."""
+        n_sentences, kept, whole = 0, [], None
         for line in text.splitlines():
             line = line.strip()
             words = line.split()
@@ -226,20 +247,24 @@ class C4Rules(_Rules):
                 continue
             lower = line.lower()
             if self.filter_lorem_ipsum and "lorem ipsum" in lower:
-                return None, "lorem_ipsum", n_sentences
+                whole = whole or "lorem_ipsum"
+                if stop:
+                    return None, whole, n_sentences
             if self.filter_javascript and "javascript" in lower:
                 continue
             if self.filter_curly_bracket and "{" in line:
-                return None, "curly_bracket", n_sentences
-            if self.filter_policy and any(p in lower for p in POLICY_SUBSTRINGS):
+                whole = whole or "curly_bracket"
+                if stop:
+                    return None, whole, n_sentences
+            if self.filter_policy and any(p in lower for p in POLICY.get(self.lang, POLICY["en"])):
                 continue
             n_sentences += count_sentences(line, self.lang)
             kept.append(line)
-        return "\n".join(kept).strip(), None, n_sentences
+        return "\n".join(kept).strip(), whole, n_sentences
 
     def statistics(self, text: str) -> dict[str, float]:
-        edited, reason, n = self.edit(text)
-        return {"num_sentences": n if reason is None else 0}
+        edited, reason, n = self.edit(text, stop=False)
+        return {"num_sentences": n, "c4_whole_document": 1.0 if reason else 0.0}
 
     def check(self, text: str):
         edited, reason, n = self.edit(text)

@@ -8,7 +8,7 @@ the languages not named:
     line_punct_thr: {default: 0.12, es: 0.182, pt: 0.077}
     min_num_sentences: {default: 5, es: off, pt: off}      # the rule is switched off for es, pt
 
-`off` (or null) switches the rule off for that language; what "off" means for a rule (a bound
+`off` (or null; YAML reads a bare off as false, which means the same) switches the rule off for that language; what "off" means for a rule (a bound
 that can never be crossed) is the rule's business (`resolve(value, lang, off=...)`). FineWeb-2
 (Penedo et al., 2025) derives each language's values from data; `quipu calibrate` writes them in
 this form.
@@ -23,16 +23,21 @@ T = TypeVar("T")
 OFF = "off"
 
 
-def _check_mapping(value: Any) -> Any:
+def _is_off(value: Any, kind: Any) -> bool:
+    # YAML 1.1 (PyYAML) reads a bare `off` as false: for a rule that is not a switch it means off
+    return value is None or (isinstance(value, str) and value == OFF) or (value is False and kind is not bool)
+
+
+def _check_mapping(value: Any, kind: Any) -> Any:
     """A mapping must name `default`; keys must be language codes; `off` becomes None."""
     if not isinstance(value, dict):
-        return None if value == OFF else value
+        return None if _is_off(value, kind) else value
     if "default" not in value:
         raise ValueError("a per-language value needs a `default` key, e.g. {default: 0.12, es: 0.18}")
     for key in value:
         if key != "default" and not (isinstance(key, str) and key.isalpha() and 2 <= len(key) <= 3):
             raise ValueError(f"'{key}' is not a language code like 'es' (or `default`)")
-    return {k: None if v == OFF else v for k, v in value.items()}
+    return {k: None if _is_off(v, kind) else v for k, v in value.items()}
 
 
 KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false"}
@@ -51,7 +56,7 @@ def PerLanguage(kind: Any) -> Any:
             raise ValueError(f"expected {what}, `off`, or one per language like {{default: <value>, es: <value>}}") from None
 
     return Annotated[Union[kind, None, dict[str, Union[kind, None]]], WrapValidator(one_message),
-                     BeforeValidator(_check_mapping)]
+                     BeforeValidator(lambda v: _check_mapping(v, kind))]
 
 
 def resolve(value: Any, lang: str | None, off: Any = None) -> Any:

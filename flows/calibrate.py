@@ -1,0 +1,249 @@
+"""Command `quipu calibrate`: per-language thresholds from reference text, and the report card.
+
+    quipu calibrate CONFIG --reference 'ref/pt/*.jsonl' --lang pt [--junk 'junk/pt/*.jsonl'] [--keep 0.97] --output NEW.yaml
+    quipu calibrate --check CONFIG --reference ... [--junk ...] --lang pt     # the report card only
+
+The statistics and thresholds are quipu.tasks.calibration's (pure); this module reads the files,
+writes the new config (every calibrated threshold with a comment saying how it was derived), the
+report as JSON and HTML (the page style of `quipu report --html`) and, as a Prefect flow, the
+report as an artifact. The reference is checked (empty, too small, another language) before any
+statistic is computed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import write_bytes_atomic
+from quipu.tasks import calibration as cal
+
+
+class CalibrateError(UserError, ValueError):
+    pass
+
+
+def read_texts(patterns: list[str]) -> list[str]:
+    """The plain-text documents of the files matching the globs, in file then record order."""
+    from quipu.tasks.readers import expand_inputs, read
+    from quipu.tasks.records import RawRecord, ReadStats
+    try:
+        files = expand_inputs(patterns)
+    except FileNotFoundError as e:
+        raise CalibrateError(str(e)) from None
+    texts = []
+    for path in files:
+        for item in read(path, ReadStats()):
+            if isinstance(item, RawRecord) and item.text and item.text.strip():
+                texts.append(item.text)
+    return texts
+
+
+# ---- the config, written with a comment on every calibrated threshold ---------------------------
+
+def _flow(value) -> str:
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    out = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip()
+    return out.removesuffix("\n...").removesuffix("...").strip()
+
+
+COMMENTED = re.compile(r"^(?P<indent> *)(?P<key>[^#:\s][^:]*):(?P<value>.*?)(?:\s+#\s(?P<note>.*))?$")
+
+
+def read_comments(path: str) -> dict[tuple, str]:
+    """The end-of-line comments of a config this module wrote, by key path (block style, 2 spaces)."""
+    out: dict[tuple, str] = {}
+    stack: list[str] = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = COMMENTED.match(line)
+        if not m or line.lstrip().startswith(("#", "- ")):
+            continue
+        depth = len(m["indent"]) // 2
+        stack = stack[:depth] + [m["key"].strip()]
+        if m["note"]:
+            out[tuple(stack)] = m["note"]
+    return out
+
+
+def config_yaml(data: dict, comments: dict[tuple, str], header: list[str], path: tuple = ()) -> str:
+    lines = [f"# {h}" for h in header] if not path else []
+    indent = "  " * len(path)
+    for key, value in data.items():
+        here = path + (key,)
+        note = f"   # {comments[here]}" if here in comments else ""
+        if isinstance(value, dict) and value:
+            lines.append(f"{indent}{_flow(key)}:{note}")
+            lines.append(config_yaml(value, comments, header, here))
+        else:
+            lines.append(f"{indent}{_flow(key)}: {_flow(value)}{note}")
+    return "\n".join(line for line in lines if line)
+
+
+# ---- the report: HTML page and markdown artifact -------------------------------------------------
+
+def rule_chart(row: dict) -> bytes:
+    from quipu.flows.html_report import PALETTE, _figure, _png
+    import numpy as np
+    lo, hi = row["range"]
+    edges = np.linspace(lo, hi, len(row["reference_hist"]) + 1)
+    plt, fig, ax = _figure(4.2, 2.0)
+    ref = np.array(row["reference_hist"], float)
+    ax.stairs(ref / max(ref.sum(), 1), edges, fill=True, alpha=0.6, color=PALETTE["kept"], label="reference")
+    if "junk_hist" in row:
+        junk = np.array(row["junk_hist"], float)
+        ax.stairs(junk / max(junk.sum(), 1), edges, fill=True, alpha=0.5, color=PALETTE["removed"], label="junk")
+    if row["threshold"] is not None:
+        ax.axvline(row["threshold"], color=PALETTE["cut"], linestyle="--", label=f"cut-off {row['threshold']:g}")
+    ax.set_title(f"{row['rule']} ({row['statistic']}, {row['kind']})", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6)
+    return _png(plt, fig)
+
+
+def render_html(report: dict) -> str:
+    from quipu.flows.html_report import CSS, _e, _table, data_url
+    out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+           f"<title>quipu calibration</title><style>{CSS}</style></head><body>",
+           "<h1>Calibration report</h1>",
+           _table(["", ""], [["config", report["config"]], ["mode", report["mode"]], ["keep target", report.get("keep", "")]],
+                  {1}, cls="meta")]
+    for lang, ev in report["languages"].items():
+        out.append(f'<h2 id="lang-{_e(lang)}">{_e(lang)}: {ev["reference_docs"]} reference, {ev["junk_docs"]} junk documents</h2>')
+        together = f"all rules together remove <b>{100 * ev['reference_removed']:.1f} %</b> of the reference"
+        if ev.get("junk_removed") is not None:
+            together += f" and <b>{100 * ev['junk_removed']:.1f} %</b> of the junk"
+        out.append(f"<p>{together}.</p>")
+        out.append(_table(["rule", "statistic", "cut-off", "calibrated", "reference removed %", "junk removed %"],
+                          [[r["rule"], r["statistic"], "off" if r["threshold"] is None else f"{r['threshold']:g}",
+                            "yes" if r["calibrated"] else "no", f"{100 * r['reference_removed']:.1f}",
+                            f"{100 * r['junk_removed']:.1f}" if "junk_removed" in r else ""] for r in ev["rules"]], {2, 4, 5}))
+        for r in ev["rules"]:
+            out.append(f'<img class="chart" alt="{_e(r["rule"])}" src="{data_url(rule_chart(r))}" style="display:inline-block;max-width:49%">')
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def report_markdown(report: dict) -> str:
+    lines = ["# Calibration report", "", f"config `{report['config']}`, mode {report['mode']}", ""]
+    for lang, ev in report["languages"].items():
+        lines += [f"## {lang}: {ev['reference_docs']} reference, {ev['junk_docs']} junk documents", "",
+                  f"removed together: reference {100 * ev['reference_removed']:.1f} %"
+                  + (f", junk {100 * ev['junk_removed']:.1f} %" if ev.get("junk_removed") is not None else ""), "",
+                  "| rule | statistic | cut-off | reference removed % | junk removed % |", "|---|---|---|---|---|"]
+        for r in ev["rules"]:
+            thr = "off" if r["threshold"] is None else f"{r['threshold']:g}"
+            junk = f"{100 * r['junk_removed']:.1f}" if "junk_removed" in r else ""
+            lines.append(f"| {r['rule']} | {r['statistic']} | {thr} | {100 * r['reference_removed']:.1f} | {junk} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---- the work -----------------------------------------------------------------------------------
+
+def run_calibration(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
+                    keep: float = 0.97, output: str | None = None, check: bool = False,
+                    report_path: str | None = None) -> dict:
+    """Calibrate (or only check) `lang`'s thresholds; writes the config (unless check) and the report."""
+    from quipu.flows.config import load_config, read_yaml
+    from quipu.flows.curate import CurateConfig
+    if not 0.5 <= keep < 1:
+        raise CalibrateError(f"--keep: expected a share of the reference to keep between 0.5 and 1 (got {keep})")
+    if not check and not output:
+        raise CalibrateError("--output: where to write the calibrated config (or --check for the report only)")
+    raw = read_yaml(config_path)
+    config = load_config(CurateConfig, config_path)
+    ref_texts = read_texts(reference)
+    try:
+        cal.check_reference(len(ref_texts), lang)
+        heur = config.heuristics.model_copy(update={"compat": "quipu"})
+        labels, _, _ = cal.lid_scores(ref_texts, lang, config.langid)
+        cal.check_reference(len(ref_texts), lang, labels)
+    except cal.CalibrationError as e:
+        raise CalibrateError(str(e)) from None
+    junk_texts = read_texts(junk) if junk else None
+    ref = cal.measure(ref_texts, lang, heur, config.langid)
+    junk_m = cal.measure(junk_texts, lang, heur, config.langid) if junk_texts else None
+    written = None
+    if not check:
+        try:
+            values = cal.calibrate(ref, heur, config.langid, keep)
+        except cal.CalibrationError as e:
+            raise CalibrateError(str(e)) from None
+        new_raw, comments = cal.apply(raw, lang, values)
+        comments = {**read_comments(config_path), **comments}   # earlier languages' notes stay
+        config = load_config(CurateConfig, data=new_raw)     # what was written must load
+        heur = config.heuristics
+        earlier = [line[2:] for line in Path(config_path).read_text(encoding="utf-8").splitlines()
+                   if line.startswith("# calibrated ") and not line.startswith(f"# calibrated {lang}:")]
+        header = ["written by `quipu calibrate`: every calibrated threshold says which statistic and percentile",
+                  "of the reference documents it is (clipped to the rule's plausible range where noted); README, Languages",
+                  *earlier, f"calibrated {lang}: --keep {keep}, {len(ref_texts)} reference documents from "
+                            f"{', '.join(Path(r).name for r in reference)}"]
+        written = str(output)
+        Path(written).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(Path(written), (config_yaml(new_raw, comments, header) + "\n").encode())
+    evaluation = cal.evaluate(ref, junk_m, heur, config.langid)
+    report = {"config": written or config_path, "mode": "check" if check else "calibrate", "keep": keep,
+              "reference": reference, "junk": junk or [], "languages": {lang: evaluation}}
+    base = Path(report_path) if report_path else Path(written or config_path).with_suffix("")
+    json_path = Path(f"{base}.calibration.json")
+    html_path = Path(f"{base}.calibration.html")
+    write_bytes_atomic(json_path, json.dumps(report, indent=1, sort_keys=True).encode())
+    write_bytes_atomic(html_path, render_html(report).encode())
+    report["files"] = {"json": str(json_path), "html": str(html_path)}
+    return report
+
+
+def calibrate_flow_fn(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
+                      keep: float = 0.97, output: str | None = None, check: bool = False,
+                      report_path: str | None = None) -> dict:
+    """The calibration as a Prefect flow run, with the report as the artifact `calibration-<lang>`."""
+    from prefect import flow
+    from prefect.artifacts import create_markdown_artifact
+
+    @flow(name="calibrate", log_prints=False)
+    def calibrate_flow() -> dict:
+        report = run_calibration(config_path, reference, lang, junk, keep, output, check, report_path)
+        create_markdown_artifact(key=f"calibration-{lang}", markdown=report_markdown(report),
+                                 description=f"quipu calibrate: per-rule cut-offs for {lang}, reference and junk removed")
+        return report
+
+    return calibrate_flow()
+
+
+def cmd_calibrate(args) -> int:
+    kwargs = dict(config_path=args.config, reference=args.reference, lang=args.lang, junk=args.junk, keep=args.keep,
+                  output=args.output, check=args.check, report_path=args.report)
+    report = calibrate_flow_fn(**kwargs) if args.flow else run_calibration(**kwargs)
+    ev = report["languages"][args.lang]
+    if report["mode"] == "calibrate":
+        print(f"wrote {report['config']}")
+    print(f"{args.lang}: {ev['reference_docs']} reference documents, {100 * ev['reference_removed']:.1f} % removed"
+          + (f"; {ev['junk_docs']} junk documents, {100 * ev['junk_removed']:.1f} % removed" if ev.get("junk_removed") is not None else ""))
+    for r in ev["rules"]:
+        if r["reference_removed"] or r.get("junk_removed"):
+            thr = "off" if r["threshold"] is None else f"{r['threshold']:g}"
+            print(f"  {r['rule']:<44} cut-off {thr:<8} reference {100 * r['reference_removed']:5.1f} %"
+                  + (f"  junk {100 * r['junk_removed']:5.1f} %" if "junk_removed" in r else ""))
+    print(f"report: {report['files']['html']} (and .json)")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="per-language filter thresholds from reference text (FineWeb-2's method), "
+                                         "or --check: the report card of a config")
+    p.add_argument("config", help="curate config to start from (or to check)")
+    p.add_argument("--reference", action="append", required=True, help="glob of text you trust in --lang (JSONL/parquet; repeatable)")
+    p.add_argument("--lang", required=True, help="the language to calibrate, as langid labels it (es, pt, en...)")
+    p.add_argument("--junk", action="append", help="glob of text the config should remove (repeatable): the report shows how much it does")
+    p.add_argument("--keep", type=float, default=0.97, help="share of the reference that must pass every rule together (default 0.97)")
+    p.add_argument("--output", help="the calibrated config to write")
+    p.add_argument("--check", action="store_true", help="only the report card of CONFIG's thresholds; writes no config")
+    p.add_argument("--report", help="report path prefix (default: beside the output config)")
+    p.add_argument("--flow", action="store_true", help="run as a Prefect flow (the report also as an artifact)")
+    p.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,374 @@
+"""Per-language thresholds from reference text (the FineWeb-2 method), and the report card of a config.
+
+Given text a user trusts in one language (`reference`) and optionally text they want removed
+(`junk`), `measure` computes every rule's statistic on every document exactly as the heuristics
+stage does in `compat: quipu` (quipu.tasks.language_rules) plus langid's score; `calibrate` sets:
+
+- langid `min_score`: tau = max(0.3, min(0.9, median - sigma)) of the language's LID scores on the
+  reference (FineWeb-2, Penedo et al. 2025, section 3);
+- every calibrated filter threshold at the same percentile of the reference distribution (the low
+  tail for a minimum, the high tail for a maximum), the percentile chosen by bisection so that
+  the share `keep` of the reference passes every rule together (not each rule alone: 20 rules
+  each keeping 99 % keep far less than 99 % together). Each threshold is then clipped to the
+  rule's plausible range (`Rule.bounds`): a reference set with no repeated line at all must not
+  make one repeated line fatal, and a tail of a few odd documents must not open a rule up to junk.
+  The tight end of each range is datatrove's English default (validated on web text at scale),
+  except where quipu's statistic differs from datatrove's (alpha words, line punctuation,
+  sentences, stop words: their ends were set on the shared es/pt/en text): clean reference text
+  says how far a language needs a rule loosened, while a reference set cleaner than the web would
+  otherwise tighten every rule past what other prose of the same language passes (measured:
+  Shakespeare's repeated stage lines, bench/calibrate_default.py).
+
+Rules about a document's length (min/max words), and C4's whole-document rules (lorem ipsum,
+curly bracket) are policy, not a property of the language: they are applied as configured and
+not calibrated. The `keep` share is of the reference documents that langid keeps (at the new tau)
+and that the length rules keep; the report shows what every rule removes of all of them.
+
+`evaluate` gives, per rule, the reference and junk distributions (histograms), the threshold and
+the share of each removed by the rule alone and by all together: the calibration report. Pure
+(no Prefect); deterministic (sorted inputs, no sampling).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from quipu.tasks import language_rules
+from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicsConfig
+from quipu.tasks.langid import LangIdConfig, default_model_path, load_fasttext, predict_topk
+from quipu.tasks.per_language import resolve
+
+MIN_REFERENCE_DOCS = 50      # resolving a 3 % tail needs a few dozen documents; fewer is a guess
+MIN_LANGUAGE_SHARE = 0.8     # of the reference identified as the language, or it is another language's
+HIST_BINS = 30
+
+
+@dataclass(frozen=True)
+class Rule:
+    filter: str                  # heuristics block, or "langid"
+    param: str                   # config key
+    stat: str                    # key of language_rules statistics
+    kind: str                    # "min": documents below are removed; "max": above
+    bounds: tuple[float, float] | None = None   # plausible range; None: not calibrated (policy)
+    integer: bool = False
+    n: int | None = None         # the n of an n-gram list parameter
+    falsy_off: bool = True       # datatrove's Gopher rules: a threshold of 0 / null is off
+
+    @property
+    def key(self) -> str:
+        return f"{self.filter}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
+
+
+RULES: list[Rule] = [
+    Rule("gopher_repetition", "dup_para_frac", "dup_para_frac", "max", (0.3, 0.5)),
+    Rule("gopher_repetition", "dup_para_char_frac", "dup_para_char_frac", "max", (0.2, 0.4)),
+    Rule("gopher_repetition", "dup_line_frac", "dup_line_frac", "max", (0.3, 0.5)),
+    Rule("gopher_repetition", "dup_line_char_frac", "dup_line_char_frac", "max", (0.2, 0.4)),
+    *[Rule("gopher_repetition", "top_n_grams", f"top_{n}_gram", "max", (tight, 0.3), n=n, falsy_off=False)
+      for n, tight in ((2, 0.2), (3, 0.18), (4, 0.16))],
+    *[Rule("gopher_repetition", "dup_n_grams", f"duplicated_{n}_n_grams", "max", (tight, 0.25), n=n, falsy_off=False)
+      for n, tight in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))],
+    Rule("gopher_quality", "min_doc_words", "n_words", "min"),
+    Rule("gopher_quality", "max_doc_words", "n_words", "max"),
+    Rule("gopher_quality", "min_avg_word_length", "avg_word_length", "min", (2.5, 3.0)),
+    Rule("gopher_quality", "max_avg_word_length", "avg_word_length", "max", (10.0, 14.0)),
+    Rule("gopher_quality", "max_symbol_word_ratio", "symbol_word_ratio", "max", (0.1, 0.2)),
+    Rule("gopher_quality", "max_bullet_lines_ratio", "bullet_lines_ratio", "max", (0.9, 0.95)),
+    Rule("gopher_quality", "max_ellipsis_lines_ratio", "ellipsis_lines_ratio", "max", (0.3, 0.5)),
+    Rule("gopher_quality", "max_non_alpha_words_ratio", "alpha_words_ratio", "min", (0.6, 0.85)),
+    Rule("gopher_quality", "min_stop_words", "stop_words", "min", (1, 3), integer=True),
+    Rule("c4", "filter_curly_bracket", "c4_whole_document", "max"),
+    Rule("c4", "min_num_sentences", "num_sentences", "min", (1, 2), integer=True, falsy_off=False),
+    Rule("fineweb", "line_punct_thr", "line_punct_ratio", "min", (0.05, 0.2), falsy_off=False),
+    Rule("fineweb", "short_line_thr", "short_line_ratio", "max", (0.67, 0.9), falsy_off=False),
+    Rule("fineweb", "char_duplicates_ratio", "char_dup_ratio", "max", (0.01, 0.1), falsy_off=False),
+    Rule("fineweb", "new_line_ratio", "list_ratio", "max", (0.3, 0.5), falsy_off=False),
+]
+LID = Rule("langid", "min_score", "lang_score", "min", (0.3, 0.9), falsy_off=False)
+
+
+class CalibrationError(ValueError):
+    """A reference set calibration cannot use (empty, too small, another language): one line."""
+
+
+@dataclass
+class Measured:
+    """Every document's statistics for one language: one array per statistic."""
+    lang: str
+    docs: int
+    stats: dict[str, np.ndarray]
+    lid_labels: list[str]
+
+
+def rule_objects(heur: HeuristicsConfig, lang: str) -> dict[str, Any]:
+    """The `compat: quipu` filter objects for `lang` (enabled ones), as the stage builds them."""
+    out = {}
+    for name, cls in language_rules.RULES.items():
+        fc = heur.filter_config(name, lang)
+        if not fc.enabled:
+            continue
+        kwargs = fc.model_dump(exclude={"enabled"})
+        if name == "gopher_quality" and kwargs.get("stop_words") is None:
+            kwargs["stop_words"] = heur.stop_words.get(lang, heur.stop_words.get("en", DEFAULT_STOP_WORDS["en"]))
+        out[name] = cls(language=lang, **kwargs)
+    return out
+
+
+def statistics(text: str, rules: dict[str, Any]) -> dict[str, float]:
+    """One document's statistics in the stage's order: FineWeb measures the text C4 left."""
+    out: dict[str, float] = {}
+    if "gopher_repetition" in rules:
+        out.update(rules["gopher_repetition"].statistics(text))
+    if "gopher_quality" in rules:
+        s = rules["gopher_quality"].statistics(text)
+        s["symbol_word_ratio"] = max(s["hash_ratio"], s["ellipsis_ratio"])
+        out.update(s)
+    after_c4 = text
+    if "c4" in rules:
+        edited, whole, n = rules["c4"].edit(text, stop=False)
+        out["num_sentences"] = n
+        out["c4_whole_document"] = 1.0 if whole else 0.0
+        after_c4 = edited
+    if "fineweb" in rules:
+        s = rules["fineweb"].statistics(after_c4)
+        out.update(s or {"line_punct_ratio": math.nan})     # nothing left: the rule's "empty"
+    return out
+
+
+def lid_scores(texts: list[str], lang: str, langid: LangIdConfig) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Top label, the score of `lang` (0 if not among the top 4) and the best rival's score, per text."""
+    model = load_fasttext(langid.model_path or default_model_path())
+    texts = [t[: langid.max_chars] for t in texts]
+    preds = predict_topk(model, texts, 4) if texts else []
+    labels = [p[0][0] if p else "unknown" for p in preds]
+    score = np.array([p[0][1] if p and p[0][0] == lang else 0.0 for p in preds])
+    targets = set(langid.languages)
+    rival = np.array([next((s for code, s in p if code not in targets), 0.0) for p in preds])
+    return labels, score, rival
+
+
+def measure(texts: list[str], lang: str, heur: HeuristicsConfig, langid: LangIdConfig) -> Measured:
+    labels, score, rival = lid_scores(texts, lang, langid)
+    rules = rule_objects(heur, lang)
+    rows = [statistics(t, rules) for t in texts]
+    keys = sorted({k for r in rows for k in r})
+    stats = {k: np.array([r.get(k, math.nan) for r in rows], float) for k in keys}
+    stats["lang_score"], stats["lang_rival"] = score, rival
+    return Measured(lang, len(texts), stats, labels)
+
+
+def check_reference(n_docs: int, lang: str, labels: list[str] | None = None) -> None:
+    """Fail with one line: empty, too small, or mostly another language."""
+    if n_docs == 0:
+        raise CalibrationError(f"reference for {lang}: no documents (calibration needs at least {MIN_REFERENCE_DOCS})")
+    if n_docs < MIN_REFERENCE_DOCS:
+        raise CalibrationError(f"reference for {lang}: {n_docs} documents, calibration needs at least "
+                               f"{MIN_REFERENCE_DOCS} (a 3 % tail cannot be resolved on fewer)")
+    if labels is not None:
+        same = sum(1 for x in labels if x == lang)
+        if same < MIN_LANGUAGE_SHARE * len(labels):
+            counts: dict[str, int] = {}
+            for x in labels:
+                counts[x] = counts.get(x, 0) + 1
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            raise CalibrationError(f"reference for {lang}: only {same} of {len(labels)} documents are identified as "
+                                   f"{lang} (most: {', '.join(f'{k} {v}' for k, v in top)}); is --lang right?")
+
+
+# ---- thresholds --------------------------------------------------------------------------------
+
+def threshold_of(rule: Rule, heur: HeuristicsConfig, langid: LangIdConfig, lang: str):
+    """The threshold that applies to `lang` now (None: the rule is off for it)."""
+    if rule.filter == "langid":
+        return langid.min_score_per_language.get(lang, resolve(langid.min_score, lang, 0.0))
+    fc = heur.filter_config(rule.filter, lang)
+    if not fc.enabled:
+        return None
+    value = getattr(fc, rule.param)
+    if rule.n is not None:
+        value = dict((int(n), f) for n, f in value).get(rule.n)
+    if rule.param == "filter_curly_bracket":
+        return 0.0      # whole-document rules: any hit removes
+    if value is None or (rule.falsy_off and not value) or (rule.param == "min_num_sentences" and value == -1):
+        return None
+    return float(value)
+
+
+def passes(rule: Rule, values: np.ndarray, threshold: float | None, heur: HeuristicsConfig | None = None,
+           lang: str | None = None) -> np.ndarray:
+    """Which documents the rule keeps at `threshold` (a statistic of NaN: nothing left to measure, removed)."""
+    if threshold is None:
+        return np.ones(len(values), bool)
+    with np.errstate(invalid="ignore"):
+        if rule.kind == "min":
+            ok = values >= threshold
+            if rule.stat == "line_punct_ratio" and heur is not None and resolve(heur.fineweb.line_punct_exclude_zero, lang, False):
+                ok |= values == 0
+        else:
+            ok = values <= threshold
+    if rule.filter == "fineweb":
+        ok &= ~np.isnan(values)
+    return ok
+
+
+def lid_passes(m: Measured, langid: LangIdConfig, tau: float) -> np.ndarray:
+    max_rival = resolve(langid.max_rival_score, m.lang)
+    ok = np.array([x == m.lang for x in m.lid_labels]) & (m.stats["lang_score"] >= tau)
+    if max_rival is not None:
+        ok &= m.stats["lang_rival"] < max_rival
+    return ok
+
+
+def lid_tau(scores: np.ndarray) -> float:
+    """FineWeb-2's LID threshold: max(0.3, min(0.9, median - sigma))."""
+    return float(max(0.3, min(0.9, np.median(scores) - np.std(scores))))
+
+
+def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: float) -> dict[str, dict]:
+    """New thresholds for `m.lang`: {rule key: {"rule", "value", "percentile", "reference_docs"}}."""
+    is_lang = np.array([x == m.lang for x in m.lid_labels])
+    tau = lid_tau(m.stats["lang_score"][is_lang])
+    out = {LID.key: {"rule": LID, "value": round(tau, 3), "percentile": None, "reference_docs": int(is_lang.sum()),
+                     "how": "max(0.3, min(0.9, median - sigma)) of the LID scores"}}
+    fixed = np.ones(m.docs, bool)            # the length rules, applied as configured
+    tunable = []
+    for rule in RULES:
+        thr = threshold_of(rule, heur, langid, m.lang)
+        if rule.stat == "n_words":
+            fixed &= passes(rule, m.stats.get(rule.stat, np.zeros(m.docs)), thr, heur, m.lang)
+        elif rule.bounds is not None and thr is not None and rule.stat in m.stats:
+            tunable.append(rule)
+    base = fixed & lid_passes(m, langid, tau)
+    n_base = int(base.sum())
+    if n_base == 0:
+        raise CalibrationError(f"reference for {m.lang}: no document passes langid and the length rules "
+                               f"(gopher_quality.min_doc_words / max_doc_words): nothing to calibrate on")
+
+    def at(tail: float) -> dict[Rule, float]:
+        chosen = {}
+        for rule in tunable:
+            v = m.stats[rule.stat][base]
+            v = v[~np.isnan(v)]
+            q = np.quantile(v, tail if rule.kind == "min" else 1 - tail, method="lower") if len(v) else rule.bounds[0]
+            lo, hi = rule.bounds
+            q = min(max(float(q), lo), hi)
+            chosen[rule] = float(math.floor(q) if rule.kind == "min" else math.ceil(q)) if rule.integer else round(q, 4)
+        return chosen
+
+    def kept(chosen: dict[Rule, float]) -> float:
+        ok = base.copy()
+        for rule, thr in chosen.items():
+            ok &= passes(rule, m.stats[rule.stat], thr, heur, m.lang)
+        return ok.sum() / n_base
+
+    lo, hi = 0.0, 1.0 - keep           # tails: lo always keeps >= keep (the loosest thresholds)
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if kept(at(mid)) >= keep:
+            lo = mid
+        else:
+            hi = mid
+    chosen = at(lo)
+    pct = 100 * lo
+    for rule, value in chosen.items():
+        p = pct if rule.kind == "min" else 100 - pct
+        clipped = " (clipped to the plausible range)" if value in rule.bounds else ""
+        out[rule.key] = {"rule": rule, "value": value, "reference_docs": n_base, "percentile": round(p, 2),
+                         "how": f"{rule.stat} percentile {p:.1f}{clipped}"}
+    return out
+
+
+def apply(raw: dict, lang: str, calibrated: dict[str, dict]) -> tuple[dict, dict[tuple, str]]:
+    """The config dict with `lang`'s calibrated thresholds written in (per-language form) and
+    `heuristics.compat: quipu`; and a comment for every written value, by its key path."""
+    import copy
+    raw = copy.deepcopy(raw)
+    comments: dict[tuple, str] = {}
+    heur = raw.setdefault("heuristics", {}) or {}
+    raw["heuristics"] = heur
+    if heur.get("compat") != "quipu":
+        heur["compat"] = "quipu"
+        comments[("heuristics", "compat")] = "the statistics quipu calibrate measured (quipu.tasks.language_rules)"
+    defaults = {"langid": LangIdConfig(), "heuristics": HeuristicsConfig()}
+    for item in calibrated.values():
+        rule: Rule = item["rule"]
+        block = raw.setdefault("langid", {}) if rule.filter == "langid" else heur.setdefault(rule.filter, {})
+        if block is None:
+            block = raw["langid"] = {} if rule.filter == "langid" else heur.setdefault(rule.filter, {})
+        current = block.get(rule.param)
+        if current is None:
+            model = defaults["langid"] if rule.filter == "langid" else getattr(defaults["heuristics"], rule.filter)
+            current = getattr(model, rule.param)
+        per_lang = dict(current) if isinstance(current, dict) else {"default": current}
+        value = item["value"]
+        if rule.n is not None:
+            table = per_lang.get(lang, per_lang["default"])
+            table = [[int(n), float(f)] for n, f in table]
+            table = [[n, value if n == rule.n else f] for n, f in table]
+            value = table
+        per_lang[lang] = int(value) if rule.integer else value
+        block[rule.param] = per_lang
+        path = (("langid",) if rule.filter == "langid" else ("heuristics", rule.filter)) + (rule.param, lang)
+        note = (f"{item['how']}, {item['reference_docs']} {lang} reference docs" if rule.n is None
+                else None)
+        if rule.n is not None:
+            notes = comments.get(path, "")
+            note = (notes + "; " if notes else "") + f"n={rule.n}: {item['how']}"
+            if not notes:
+                note += f" ({item['reference_docs']} {lang} reference docs)"
+        comments[path] = note
+    return raw, comments
+
+
+# ---- the report card ---------------------------------------------------------------------------
+
+def evaluate(ref: Measured, junk: Measured | None, heur: HeuristicsConfig, langid: LangIdConfig) -> dict:
+    """Per rule: threshold, histograms of reference and junk, share of each removed by the rule
+    alone; and by all rules together (langid included)."""
+    lang = ref.lang
+    tau = threshold_of(LID, heur, langid, lang)
+    rows = []
+    together = {"reference": lid_passes(ref, langid, tau)}
+    if junk is not None:
+        together["junk"] = lid_passes(junk, langid, tau)
+    rows.append(_row(LID, tau, ref, junk, together["reference"], together.get("junk")))
+    for rule in RULES:
+        thr = threshold_of(rule, heur, langid, lang)
+        if rule.stat not in ref.stats:
+            continue
+        r_ok = passes(rule, ref.stats[rule.stat], thr, heur, lang)
+        j_ok = passes(rule, junk.stats[rule.stat], thr, heur, lang) if junk is not None and rule.stat in junk.stats else None
+        together["reference"] &= r_ok
+        if j_ok is not None:
+            together["junk"] &= j_ok
+        rows.append(_row(rule, thr, ref, junk, r_ok, j_ok))
+    out = {"lang": lang, "reference_docs": ref.docs, "junk_docs": junk.docs if junk else 0, "rules": rows,
+           "reference_removed": round(1 - float(together["reference"].mean()), 4)}
+    if junk is not None:
+        out["junk_removed"] = round(1 - float(together["junk"].mean()), 4) if junk.docs else None
+    return out
+
+
+def _hist(values: np.ndarray, lo: float, hi: float) -> list[int]:
+    v = values[~np.isnan(values)]
+    return np.histogram(np.clip(v, lo, hi), bins=HIST_BINS, range=(lo, hi))[0].tolist() if len(v) else [0] * HIST_BINS
+
+
+def _row(rule: Rule, thr, ref: Measured, junk: Measured | None, r_ok: np.ndarray, j_ok: np.ndarray | None) -> dict:
+    rv = ref.stats[rule.stat]
+    jv = junk.stats.get(rule.stat) if junk is not None else None
+    both = np.concatenate([x[~np.isnan(x)] for x in ([rv] + ([jv] if jv is not None else []))])
+    lo, hi = (float(np.quantile(both, 0.005)), float(np.quantile(both, 0.995))) if len(both) else (0.0, 1.0)
+    if thr is not None:
+        lo, hi = min(lo, thr), max(hi, thr)
+    hi = hi if hi > lo else lo + 1.0
+    row = {"rule": rule.key, "statistic": rule.stat, "kind": rule.kind, "threshold": thr,
+           "calibrated": rule.bounds is not None, "range": [lo, hi],
+           "reference_hist": _hist(rv, lo, hi), "reference_removed": round(1 - float(r_ok.mean()), 4) if len(r_ok) else 0.0}
+    if jv is not None and j_ok is not None:
+        row["junk_hist"] = _hist(jv, lo, hi)
+        row["junk_removed"] = round(1 - float(j_ok.mean()), 4) if len(j_ok) else 0.0
+    return row

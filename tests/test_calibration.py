@@ -1,0 +1,206 @@
+"""Per-language thresholds, statistics that mean the same in every language, `quipu calibrate`, and
+configs/curate/default.yaml as shipped on prose and junk it was not calibrated on."""
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from quipu.demo.junk import KINDS, junk_documents
+from quipu.flows.config import ConfigError, load_config
+from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+from tests.conftest import ROOT, run_quipu
+from tests.textgen import make_docs, write_jsonl
+
+DEFAULT = ROOT / "configs" / "curate" / "default.yaml"
+SENTENCE = re.compile(r"[.!?…]+(?:\s|$)")
+
+
+def is_prose(text: str) -> bool:
+    """The issue's prose: at least 3 sentences and 50 words."""
+    return len(text.split()) >= 50 and len([s for s in SENTENCE.split(text) if s.strip()]) >= 3
+
+
+def verdicts(config: HeuristicsConfig, texts: list[str], langs: list[str]) -> dict[str, str | None]:
+    batch = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts, "lang": langs})
+    out = HeuristicFilters(config).process(batch)
+    removed = dict(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist()))
+    return {str(i): removed.get(str(i)) for i in range(len(texts))}
+
+
+# ---- per-language thresholds ----------------------------------------------------------------------
+
+EUROPEAN_PT = (
+    "O ministro — que falou aos jornalistas à saída do Conselho — disse que «não há razões» para adiar a decisão. "
+    "A oposição (PSD e CDS) pediu esclarecimentos ; o Governo respondeu que o calendário se mantém . "
+    "Segundo o jornal , a proposta « será votada » em Janeiro – e , se aprovada , entra em vigor no mês seguinte . "
+    "Os sindicatos ( CGTP e UGT ) convocaram uma greve , mas a ministra afirmou : « O diálogo continua . » "
+    "A medida abrange cerca de 200 mil trabalhadores , de acordo com os números do próprio ministério .")
+
+
+def test_a_threshold_per_language_and_off_for_one_language():
+    english = ["the", "be", "to", "of", "and", "that", "have", "with"]
+    cfg = HeuristicsConfig.model_validate({
+        "gopher_quality": {"min_doc_words": {"default": 50, "pt": 100000}, "max_non_alpha_words_ratio": "off"},
+        "c4": {"min_num_sentences": {"default": 1000, "es": "off"}},
+        "stop_words": {"en": english, "es": english, "pt": english}})
+    assert cfg.filter_config("gopher_quality", "pt").min_doc_words == 100000
+    assert cfg.filter_config("gopher_quality", "es").min_doc_words == 50
+    assert cfg.filter_config("c4", "es").min_num_sentences == -1          # datatrove's "off"
+    text = make_docs(1, seed=7, paras_per_doc=3)[0]["text"]
+    got = verdicts(cfg, [text, text, text], ["es", "pt", "en"])
+    assert got == {"0": None, "1": "gopher_quality:gopher_short_doc", "2": "c4:too_few_sentences"}
+
+
+def test_a_bad_per_language_value_names_the_key_and_what_was_expected():
+    for bad, expected in [({"fineweb": {"line_punct_thr": {"pt": 0.07}}}, "needs a `default` key"),
+                          ({"fineweb": {"line_punct_thr": {"default": "x"}}}, "expected a number, `off`"),
+                          ({"fineweb": {"line_punct_thr": {"default": 0.1, "portugues": 0.07}}}, "not a language code")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(HeuristicsConfig, data=bad)
+        assert "fineweb.line_punct_thr" in str(e.value) and expected in str(e.value), str(e.value)
+
+
+def test_scalar_configs_build_the_same_datatrove_filters():
+    """A config without per-language values resolves to itself: datatrove gets the same arguments."""
+    cfg = HeuristicsConfig()
+    for name in ("gopher_repetition", "gopher_quality", "c4", "fineweb"):
+        assert cfg.filter_config(name, "pt") is getattr(cfg, name)
+
+
+# ---- statistics that mean the same in every language ---------------------------------------------
+
+def test_punctuation_tokens_are_not_words_for_the_alpha_rule():
+    """European Portuguese journalism with «», dashes and spaced punctuation: datatrove's alpha rule
+    counts every punctuation token as a word and removes it; quipu's statistic does not."""
+    dt = verdicts(HeuristicsConfig(), [EUROPEAN_PT], ["pt"])["0"]
+    ours = verdicts(HeuristicsConfig(compat="quipu", c4={"min_num_sentences": 2}), [EUROPEAN_PT], ["pt"])["0"]
+    assert dt == "gopher_quality:gopher_below_alpha_threshold"
+    assert ours is None
+
+
+def test_sentences_know_the_languages_abbreviations():
+    from quipu.tasks.language_rules import count_sentences
+    assert count_sentences("El Sr. García y la Dra. Pérez leyeron la pág. 5 del informe. Después se fueron a casa.", "es") == 2
+    assert count_sentences("O Sr. Silva chegou às 3 p.m. ao escritório. Trouxe livros, cadernos, etc. Depois saiu.", "pt") == 3
+    assert count_sentences("Mr. Smith paid $3.50 for it. Then he left.", "en") == 2
+    assert count_sentences("Inicio | Noticias | Deportes", "es") == 0      # a menu line is no sentence
+
+
+# ---- calibration ------------------------------------------------------------------------------------
+
+def _english_reference(tmp_path, n=80):
+    return write_jsonl(tmp_path / "ref" / "en.jsonl", make_docs(n, seed=3, paras_per_doc=3))
+
+
+def test_calibrate_refuses_empty_small_and_foreign_references_in_one_line(tmp_path):
+    from quipu.flows.calibrate import CalibrateError, run_calibration
+    demo = str(ROOT / "configs" / "curate" / "demo.yaml")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    small = write_jsonl(tmp_path / "small.jsonl", make_docs(10, seed=1))
+    ref = _english_reference(tmp_path)
+    for glob, lang, expected in [(str(empty), "en", "no documents"), (str(small), "en", "needs at least 50"),
+                                 (str(ref), "es", "only 0 of 80 documents are identified as es")]:
+        with pytest.raises(CalibrateError) as e:
+            run_calibration(demo, [glob], lang, output=str(tmp_path / "out.yaml"))
+        assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_calibrate_is_deterministic_and_its_report_agrees_with_the_stage(tmp_path):
+    """Two runs write the same config and report bytes; every calibrated threshold carries its
+    comment; and what the report says the config removes is what the stages remove."""
+    from quipu.flows.calibrate import run_calibration
+    from quipu.flows.curate import CurateConfig
+    from quipu.tasks.langid import LanguageId
+    ref = _english_reference(tmp_path)
+    junk = write_jsonl(tmp_path / "junk.jsonl", junk_documents("en", 48, seed=5))
+    demo = str(ROOT / "configs" / "curate" / "demo.yaml")
+    outs = []
+    out = tmp_path / "run0" / "en.yaml"
+    for _ in range(2):
+        report = run_calibration(demo, [str(ref)], "en", [str(junk)], keep=0.97, output=str(out))
+        outs.append((out.read_bytes(), open(report["files"]["json"], "rb").read()))
+    assert outs[0] == outs[1]
+    text = outs[0][0].decode()
+    calibrated = [line for line in text.splitlines() if re.match(r"^\s+en: ", line)]
+    assert len(calibrated) >= 15 and all("reference docs" in line or "n=" in line for line in calibrated)
+    ev = json.loads(outs[0][1])["languages"]["en"]
+    config = load_config(CurateConfig, tmp_path / "run0" / "en.yaml")
+    texts = [json.loads(line)["text"] for line in open(junk)] + [json.loads(line)["text"] for line in open(ref)]
+    batch = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts})
+    after_lid = LanguageId(config.langid).process(batch).kept
+    after_lid = after_lid.filter(pa.array([x == "en" for x in after_lid.column("lang").to_pylist()]))
+    kept = HeuristicFilters(config.heuristics).process(after_lid).kept
+    kept_ids = set(kept.column("id").to_pylist())
+    junk_removed = 1 - sum(1 for i in range(48) if str(i) in kept_ids) / 48
+    ref_removed = 1 - sum(1 for i in range(48, len(texts)) if str(i) in kept_ids) / (len(texts) - 48)
+    # the report's "removed by all rules together" treats every document as --lang (en here)
+    assert ev["junk_removed"] == pytest.approx(junk_removed, abs=1e-3)
+    assert ev["reference_removed"] == pytest.approx(ref_removed, abs=1e-3)
+    assert ev["junk_removed"] >= 0.95
+
+
+def test_calibrate_command_writes_config_html_and_json(tmp_path, prefect_server):
+    ref = _english_reference(tmp_path)
+    out = tmp_path / "cal.yaml"
+    p = run_quipu("calibrate", str(ROOT / "configs" / "curate" / "demo.yaml"), "--reference", str(ref), "--lang", "en",
+                  "--output", str(out), "--flow")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert out.is_file() and (tmp_path / "cal.calibration.html").is_file()
+    html = (tmp_path / "cal.calibration.html").read_text()
+    assert "data:image/png;base64," in html and "fineweb.line_punct_thr" in html
+    removed = re.search(r"en: 80 reference documents, ([0-9.]+ %) removed", p.stdout).group(1)
+    check = run_quipu("calibrate", "--check", str(out), "--reference", str(ref), "--lang", "en",
+                      "--report", str(tmp_path / "check"))
+    # the report card of the written config says what calibration said it would remove
+    assert check.returncode == 0 and f"80 reference documents, {removed} removed" in check.stdout, check.stdout + check.stderr[-2000:]
+    assert json.loads((tmp_path / "check.calibration.json").read_text())["mode"] == "check"
+
+
+# ---- the shipped config, as shipped, on prose and junk it never saw ---------------------------------
+
+LEFT_OUT = {"es": ["es_nltk_cess_esp_news.jsonl", "es_nltk_conll2002_efe_news.jsonl"],
+            "pt": ["pt_fakebr_news.jsonl"],
+            "en": ["en_nltk_abc_news.jsonl", "en_ud_ewt_web.jsonl"]}
+
+
+@pytest.mark.slow
+def test_default_config_keeps_prose_and_removes_junk_per_language(shared_data, tmp_path, prefect_server):
+    """`quipu curate configs/curate/default.yaml` (every stage as shipped) on prose of sources no
+    calibration saw (bench/calibrate_default.py) and on junk of every kind (another seed than the
+    calibration report's): >= 95 % of the prose kept and >= 95 % of the junk removed, per language."""
+    inputs = tmp_path / "in"
+    docs: dict[str, dict] = {}
+    for lang, files in LEFT_OUT.items():
+        for name in files:
+            n = 0
+            for line in open(shared_data / "text" / name, encoding="utf-8"):
+                d = json.loads(line)
+                if d.get("lang") == lang and is_prose(d["text"]) and n < 90:
+                    docs[d["id"]] = {"id": d["id"], "text": d["text"], "lang": lang, "kind": "prose"}
+                    n += 1
+        for d in junk_documents(lang, 80, seed=11):
+            docs[d["id"]] = d
+    write_jsonl(inputs / "mix.jsonl", [{"id": d["id"], "text": d["text"]} for d in docs.values()])
+    out = tmp_path / "curated-default"
+    p = run_quipu("curate", str(DEFAULT), "--input", str(inputs / "*.jsonl"), "--output", str(out),
+                  "--set", "dataset=default-acceptance", timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    kept = set(pq.read_table(out / "curated", columns=["id"]).column("id").to_pylist())
+    for lang in LEFT_OUT:
+        prose = [i for i, d in docs.items() if d["lang"] == lang and d["kind"] == "prose"]
+        junk = [i for i, d in docs.items() if d["lang"] == lang and d["kind"] != "prose"]
+        kept_prose = sum(i in kept for i in prose) / len(prose)
+        removed_junk = 1 - sum(i in kept for i in junk) / len(junk)
+        survivors = sorted({docs[i]["kind"] for i in junk if i in kept})
+        assert kept_prose >= 0.95, f"{lang}: {kept_prose:.1%} of {len(prose)} prose documents kept"
+        assert removed_junk >= 0.95, f"{lang}: {removed_junk:.1%} of {len(junk)} junk documents removed (kept: {survivors})"
+    run = json.loads((out / "run.json").read_text())
+    heur = next(s for s in run["stages"] if s["name"] == "heuristics")
+    assert set(heur["by_language"]) == {"en", "es", "pt"}     # decisions per language in run.json
+    assert len({d["kind"] for d in docs.values()}) == len(KINDS) + 1
