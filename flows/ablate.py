@@ -402,6 +402,9 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
                                    tok.path, seed, sizing)
             runs.append(train_and_score(cfg, v.name, seed, run_dir, heldout, config.check_hf, tokenize_train, log))
     timings["train_and_score"] = time.monotonic() - t0
+    for v in config.variants:     # the tokens each variant keeps per language, in the one shared tokenizer
+        first = next(r for r in runs if r["variant"] == v.name)
+        variants[v.name]["kept_by_lang"] = kept_by_lang(Path(first["run_dir"]), variants[v.name]["dataset"])
 
     from quipu.flows.ablate_report import build_results
     result = build_results(config, out, variants, runs, heldout, tree, sizing, timings, tok, overlap)
@@ -410,6 +413,22 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
     from quipu.flows.ablate_report import publish
     publish(result, out)
     return result
+
+
+def kept_by_lang(run_dir: Path, dataset: str) -> dict[str, dict[str, int]]:
+    """Documents and training tokens (BOS and EOS included) of a variant's curated data per `lang`
+    (`unknown` where no language was identified), read from the run's token shards."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from quipu.trainer.prepare import document_columns
+    from quipu.trainer.tokenize import TokenShards
+    markers = read_json(run_dir / "prepared.json")["sources"][dataset]
+    lens = TokenShards.open(markers).doc_len
+    with_lang = all("lang" in pq.read_schema(m["input"]).names for m in markers)
+    langs = document_columns(markers, ["lang"]).column(0).to_pylist() if with_lang else [None] * len(lens)
+    keys = np.array([x or "unknown" for x in langs], dtype=object)
+    return {str(k): {"documents": int((keys == k).sum()), "tokens": int(lens[keys == k].sum())} for k in sorted(set(keys))}
 
 
 def heldout_overlap(heldout, raw_shards: list[Shard]) -> set[tuple[str, str]]:

@@ -1,7 +1,8 @@
 """The ablation's result: per-variant table (tokens seen, documents and unique tokens available,
-epochs, held-out BPB mean ± std over seeds per language and per source, differences to `raw` and
-`full` with a significance note), the invariants every run must share, `OUT/ablate.json`,
-`OUT/ablate.md`, the plot `OUT/ablate.png` and the Prefect artifact `ablate-results`.
+epochs, held-out BPB mean ± std over seeds per language and per source, differences to the
+baselines with a significance note, documents and tokens kept per language), the invariants every
+run must share, `OUT/ablate.json`, `OUT/ablate.md`, the plot `OUT/ablate.png` and the Prefect
+artifact `ablate-results`. The baselines: the first variant, and `raw` and `full` where present.
 
 A difference is called significant when it exceeds twice the seed standard deviation (the two
 variants' standard deviations pooled); with one seed there is no spread to compare against. Runs of
@@ -18,6 +19,11 @@ from pathlib import Path
 from quipu.catalog.files import atomic_path
 
 BASELINES = ("raw", "full")
+
+
+def baselines(variants: list[str]) -> list[str]:
+    """What every variant is compared with: the first variant, then `raw` and `full` if present."""
+    return list(dict.fromkeys([variants[0], *(b for b in BASELINES if b in variants)]))
 
 
 def mean_std(xs: list[float], seeds: list[int]) -> dict:
@@ -64,11 +70,12 @@ def build_results(config, out: Path, variants: dict, runs: list[dict], heldout, 
             "epochs": round(rs[0]["tokens_seen"] / available, 3) if available else None,
             "bpb": bpb, "seeds": [r["seed"] for r in rs],
             "final_train_loss": mean_std([r["summary"]["final_loss"] for r in rs], seeds),
-            "train_seconds": [r["summary"].get("train_seconds") for r in rs], "funnel": info["funnel"]}
+            "train_seconds": [r["summary"].get("train_seconds") for r in rs], "funnel": info["funnel"],
+            "kept_by_lang": info.get("kept_by_lang", {})}
     for name, row in table.items():
         row["vs"] = {}
-        for base in BASELINES:
-            if base not in table or base == name:
+        for base in baselines(list(table)):
+            if base == name:
                 continue
             b = table[base]["bpb"]
             row["vs"][base] = {"all": compare(row["bpb"]["all"], b["all"]),
@@ -142,6 +149,7 @@ def format_markdown(result: dict) -> str:
     t = result["table"]
     langs = sorted({k for row in t.values() for k in row["bpb"]["by_lang"]})
     sources = sorted({k for row in t.values() for k in row["bpb"]["by_source"]})
+    bases = baselines(list(t))
     lines = [f"# Ablation `{result['name']}`", "",
              f"{len(result['variants'])} variants x {len(result['seeds'])} seeds; model {result['params']:,} parameters "
              f"({result['model']['dim']} dim, {result['model']['n_layers']} layers); every run saw "
@@ -149,15 +157,27 @@ def format_markdown(result: dict) -> str:
              "Δ = variant − baseline; `*` beyond twice the pooled seed std; `†` within it, but the per-seed "
              "differences (same seed: same initial weights) are beyond twice their own std; `~` neither.", "",
              "| variant | stages | docs | unique tokens | epochs | BPB all | " + " | ".join(f"BPB {x}" for x in langs)
-             + " | Δ raw (" + "/".join(langs) + ") | Δ full (" + "/".join(langs) + ") |",
-             "|---" * (8 + len(langs)) + "|"]
+             + "".join(f" | Δ {b} (" + "/".join(langs) + ")" for b in bases) + " |",
+             "|---" * (6 + len(langs) + len(bases)) + "|"]
     for name, row in t.items():
         d = {b: " / ".join(_delta(row["vs"].get(b, {}).get(f"by_lang:{x}")) or "·" for x in langs) if b in row["vs"] else "·"
-             for b in BASELINES}
+             for b in bases}
         lines.append(f"| {name} | {', '.join(row['stages']) or '(extract only)'} | {row['documents']:,} | "
                      f"{row['available_tokens'] or 0:,} | {row['epochs']} | {_pm(row['bpb']['all'])} | "
                      + " | ".join(_pm(row["bpb"]["by_lang"][x]) if x in row["bpb"]["by_lang"] else "" for x in langs)
-                     + f" | {d['raw']} | {d['full']} |")
+                     + "".join(f" | {d[b]}" for b in bases) + " |")
+    kept_langs = sorted({k for row in t.values() for k in row.get("kept_by_lang", {})})
+    if kept_langs:
+        first = next(iter(t))
+        lines += ["", f"Kept per language (curated documents / training tokens; Δ tokens vs `{first}`):", "",
+                  "| variant | " + " | ".join(kept_langs) + " |", "|---" * (1 + len(kept_langs)) + "|"]
+        for name, row in t.items():
+            cells = []
+            for x in kept_langs:
+                k, base = row["kept_by_lang"].get(x), t[first]["kept_by_lang"].get(x)
+                d = f" ({(k['tokens'] / base['tokens'] - 1) * 100:+.1f} %)" if k and base and base["tokens"] and name != first else ""
+                cells.append(f"{k['documents']:,} / {k['tokens']:,}{d}" if k else "0")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Per held-out source (BPB mean ± std over seeds):", "",
               "| variant | " + " | ".join(sources) + " |", "|---" * (1 + len(sources)) + "|"]
     for name, row in t.items():

@@ -106,6 +106,58 @@ def test_exported_models_bpb_matches_transformers(tiny_ablation):
         assert set(ours) == {"en", "es", "pt"}
 
 
+REAL = ROOT / "configs" / "ablate" / "real.yaml"
+TINY = ["--seeds", "0", "--set", "raw_mix.scale=0.02", "--set", "tokenizer.vocab_size=512", "--set", "tokenizer.sample_docs=2000",
+        "--set", "train.train.max_steps=12", "--set", "train.train.batch_size=8", "--set", "train.train.micro_batch=8",
+        "--set", "train.data.seq_len=64", "--set", "train.model.max_seq_len=64", "--set", "train.model.dim=32",
+        "--set", "train.model.n_layers=1", "--set", "train.schedule.warmup_steps=2", "--set", "train.eval.rows=4",
+        "--set", "train.data.eval_docs_per_source=4", "--set", "heldout.max_docs_per_source=8",
+        "--set", "heldout.max_bytes_per_source=8000"]
+
+
+def test_real_text_ablation_as_shipped_at_a_tiny_size(shared_data, prefect_server, tmp_path):
+    """configs/ablate/real.yaml with only its sizes overridden: a mix of real documents and real crawls
+    (nothing planted), English defaults against calibrated thresholds on the same stages, held-out BPB
+    and the documents and tokens each arm keeps per language."""
+    import pyarrow.parquet as pq
+
+    from quipu.flows.ablate import variant_curate_config
+    from quipu.flows.ablate_cli import load_ablate_config
+    from quipu.flows.cli import build_parser, main
+    from quipu.tasks.heuristics import HeuristicsConfig
+    out, mix = tmp_path / "out", tmp_path / "mix"
+    args = [str(REAL), "--output", str(out), "--set", f"raw_mix.out={mix}", *TINY]
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(["ablate", *args]) == 0
+        config = load_ablate_config(build_parser().parse_args(["ablate", *args]))
+        english, calibrated = (variant_curate_config(config, v, out) for v in config.variants)
+    finally:
+        os.chdir(cwd)
+    # real text only: every record of the mix is a real document, and the crawls are the shared ones
+    manifest = json.loads((mix / "manifest.json").read_text())
+    assert manifest["kinds"] == {"article": manifest["records"]} and manifest["records"] > 0
+    # the arms run the same stages; English is the stages' defaults, calibrated the shipped config
+    assert english.heuristics == HeuristicsConfig() and calibrated.heuristics != english.heuristics
+    result = json.loads((out / "ablate.json").read_text())
+    assert result["variants"] == ["english", "calibrated"]
+    t = result["table"]
+    assert t["english"]["stages"] == t["calibrated"]["stages"] == ["urls", "langid", "lines", "heuristics"]
+    shared = [n["stage"] for n in result["curation"] if n["variants"] == ["english", "calibrated"]]
+    assert shared == ["extract", "urls"]      # the same input and URL filter, curated once
+    for name, row in t.items():
+        assert set(row["bpb"]["by_lang"]) == {"en", "es", "pt"}
+        kept = row["kept_by_lang"]
+        curated = [x for p in sorted((out / name / "curated").glob("*.parquet"))
+                   for x in pq.read_table(p, columns=["lang"]).column("lang").to_pylist()]
+        assert {k: v["documents"] for k, v in kept.items()} == {x: curated.count(x) for x in set(curated)}
+        assert {"en", "es", "pt"} <= set(kept) and all(v["tokens"] > v["documents"] for v in kept.values())
+    assert "all" in t["calibrated"]["vs"]["english"]         # compared with the first arm
+    md = (out / "ablate.md").read_text()
+    assert "Kept per language" in md and "Δ english" in md
+
+
 # ---- fast checks, no training ------------------------------------------------------------------
 
 def test_budget_sizes_model_and_tokens_by_6nd():

@@ -234,6 +234,55 @@ def test_dup_count_upsampling_with_cap(mixed, tmp_path):
         resolve_sources(config(tmp_path, [{"dataset": other, "dup_upsample_cap": 2, "weight": 1.0}]).data)
 
 
+# FineWeb-2's published schedule (huggingface/fineweb-2 README, "Deduplication"), written out by hand
+# per cluster size: no duplicates 1 time, N = 2 or 3 N times, N = 4 3 times, 5 <= N < 100 5 times,
+# 100 <= N < 1000 8 times, N >= 1000 1 time.
+FINEWEB2_TIMES = {1: 1, 2: 2, 3: 3, 4: 3, 5: 5, 37: 5, 99: 5, 100: 8, 250: 8, 999: 8, 1000: 1, 4321: 1}
+
+
+def stream_appearances(phase, src, tokens: int) -> dict[int, float]:
+    """Per document of `src`: how many times its tokens occur in the first `tokens` of the phase's
+    token stream (tokens in the stream / the document's length)."""
+    begins = np.concatenate([[0], phase.ends[:-1]])
+    overlap = np.clip(np.minimum(phase.ends, tokens) - begins, 0, None)
+    seen = np.bincount(phase.docs_index, weights=overlap, minlength=src.train.num_docs)
+    return {int(d): seen[d] / src.train.doc_len[d] for d in src.train_docs}
+
+
+def test_rehydration_fineweb2_schedule_in_the_token_stream(tmp_path):
+    name = f"rehydrate-{uuid.uuid4().hex[:6]}"
+    rows = docs(4 * len(FINEWEB2_TIMES), 11, "pt")
+    for i, row in enumerate(rows):
+        row["dup_count"] = list(FINEWEB2_TIMES)[i % len(FINEWEB2_TIMES)]
+    register_version(tmp_path, name, rows)
+    run = tmp_path / "run"
+    cfg = config(run, [{"dataset": name, "dup_upsample_cap": "fineweb2", "weight": 1.0}],
+                 **{"data.eval_docs_per_source": 2})
+    prepared = prepare(cfg.tokenizer, cfg.data, run)
+    (src,) = load_sources(cfg, prepared)
+    (phase,), _ = plan_data(cfg, [src])
+    from quipu.trainer.prepare import document_columns
+    dup = document_columns(prepared["sources"][name], ["dup_count"]).column(0).to_pylist()
+    epoch = int(sum(FINEWEB2_TIMES[dup[d]] * src.train.doc_len[d] for d in src.train_docs))
+    assert phase.num_tokens >= 2 * epoch
+    for epochs in (1, 2):                    # every epoch repeats each document as often as its cluster size says
+        seen = stream_appearances(phase, src, epochs * epoch)
+        by_size = {}
+        for d, times in seen.items():
+            by_size.setdefault(dup[d], set()).add(times)
+        assert by_size == {size: {epochs * times} for size, times in FINEWEB2_TIMES.items()}, epochs
+    # the same schedule as a table (keys: a size, a range, an open range) gives the same stream
+    table = {1: 1, 2: 2, "3-4": 3, "5-99": 5, "100-999": 8, "1000+": 1}
+    cfg2 = config(run, [{"dataset": name, "dup_upsample_cap": table, "weight": 1.0}], **{"data.eval_docs_per_source": 2})
+    (phase2,), _ = plan_data(cfg2, load_sources(cfg2, prepared))
+    assert np.array_equal(phase2.docs_index, phase.docs_index)
+    for bad, why in (({1: 1, "3+": 2}, "cluster size 2 has no entry"), ({1: 1, "2-5": 2, "4+": 1}, "covered twice"),
+                     ({1: 1, 2: 2}, r"from 3 on have no entry; end with an open range \(3\+\)"),
+                     ({1: 1, "2+": 0}, "0 copies"), ("fineweb-2", "no such preset"), (0, "cap must be >= 1")):
+        with pytest.raises(ConfigError, match=r"sources.0.dup_upsample_cap.*" + why):
+            config(run, [{"dataset": name, "dup_upsample_cap": bad, "weight": 1.0}])
+
+
 # ---- continual training ----------------------------------------------------------------------------
 
 def test_continue_with_appends_or_starts_a_phase(tmp_path):

@@ -5,9 +5,10 @@ multiplier (like K2's table: a high-quality source 6x, code 0.5x; the multiplier
 `epochs·size / Σ epochs·size`). A source is a curated dataset (every version by default, or
 `versions: 3` / `"2..4"`), optionally narrowed by `where:` on any column (`lang: pt`,
 `domain: [a.com, b.org]`, `quality_score: ">= 0.8"`), optionally upsampled by `dup_count` (the
-size of a kept document's duplicate cluster) up to a cap. Phases run in sequence, each starting at
-a step or at the step where the learning rate has decayed to a fraction of its peak (the continued
-pre-training recipe: general blend, then the target blend from LR = 20 % of peak).
+size of a kept document's duplicate cluster) up to a cap or by a table of cluster sizes (FineWeb-2's
+rehydration). Phases run in sequence, each starting at a step or at the step where the learning
+rate has decayed to a fraction of its peak (the continued pre-training recipe: general blend, then
+the target blend from LR = 20 % of peak).
 
 Each phase is laid out once, deterministically from the seed. Every source contributes a list of
 passes over its documents (one per epoch, and per `dup_count` round), each pass in a fresh random
@@ -66,6 +67,74 @@ def parse_condition(value: Any) -> tuple[str, Any]:
     return "==", value
 
 
+# FineWeb-2's rehydration schedule: a kept document of a duplicate cluster of size N is repeated
+# 1 time when N = 1, N times for N = 2-3, 3 times for N = 4, 5 for 5-99, 8 for 100-999 and 1 time
+# from 1000 on ("very large clusters are lower quality"). Source: the huggingface/fineweb-2
+# repository's README, "Deduplication" (its Rehydrater example: {1: 1, 2: 2, 3: 3, 5: 5, 100: 8,
+# 1000: 1} as lower bounds; commit d0defb24): "we did not extensively explore different upsampling
+# weights, but observed promising results with the following weights". Rehydration itself: Penedo
+# et al. 2025, "FineWeb2: One Pipeline to Scale Them All", arXiv:2506.20920.
+DUP_UPSAMPLE_PRESETS: dict[str, dict[str, int]] = {
+    "fineweb2": {"1": 1, "2": 2, "3-4": 3, "5-99": 5, "100-999": 8, "1000+": 1},
+}
+CLUSTER_SIZES = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)|(\+))?\s*$")
+
+
+def parse_dup_upsample(value: Any) -> int | str | dict[str, int]:
+    """`dup_upsample_cap` checked: a cap K >= 1 (kept as given), a preset name (kept as given) or a
+    table of cluster sizes (`N`, `A-B`, `N+`) to copies per epoch, which must cover every size from 1
+    on exactly once (the last range open) with whole copies >= 1; returned ordered, keys as text."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r}: give a cap (a whole number >= 1), a table {{cluster size: copies}} or a preset "
+                         f"({', '.join(DUP_UPSAMPLE_PRESETS)})")
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        if value < 1:
+            raise ValueError(f"{value!r}: a cap must be >= 1 (1: every document once)")
+        return int(value)
+    if isinstance(value, str):
+        if value not in DUP_UPSAMPLE_PRESETS:
+            raise ValueError(f"{value!r}: no such preset (presets: {', '.join(DUP_UPSAMPLE_PRESETS)})")
+        return value
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{value!r}: give a cap (a whole number >= 1), a table {{cluster size: copies}} or a preset "
+                         f"({', '.join(DUP_UPSAMPLE_PRESETS)})")
+    ranges = []
+    for key, copies in value.items():
+        m = CLUSTER_SIZES.match(str(key))
+        lo = int(m.group(1)) if m else 0
+        hi = None if m and m.group(4) else int(m.group(3)) if m and m.group(2) else lo
+        if not m or lo < 1 or (hi is not None and hi < lo):
+            raise ValueError(f"key {key!r}: a cluster size (3), a range (5-99) or an open range (1000+), from 1 on")
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"{key}: {copies!r} copies; give a whole number >= 1 (1: the document once)")
+        ranges.append((lo, hi, copies))
+    ranges.sort(key=lambda r: r[0])
+    expect = 1
+    for lo, hi, _ in ranges:
+        if expect is None or lo < expect:
+            raise ValueError(f"cluster size {lo} is covered twice (ranges overlap)")
+        if lo > expect:
+            gap = _span(expect, lo - 1)
+            raise ValueError(f"cluster size{'s' * ('-' in gap)} {gap} ha{'ve' if '-' in gap else 's'} no entry; "
+                             "cover every size from 1 on")
+        expect = None if hi is None else hi + 1
+    if expect is not None:
+        raise ValueError(f"cluster sizes from {expect} on have no entry; end with an open range ({expect}+)")
+    return {_span(lo, hi): copies for lo, hi, copies in ranges}
+
+
+def _span(lo: int, hi: int | None) -> str:
+    return f"{lo}+" if hi is None else str(lo) if hi == lo else f"{lo}-{hi}"
+
+
+def dup_schedule(value: str | dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(lower bounds, copies) of a checked table or preset: cluster size n gets copies[i] for the
+    last i with bounds[i] <= n."""
+    table = DUP_UPSAMPLE_PRESETS[value] if isinstance(value, str) else value
+    bounds = [int(CLUSTER_SIZES.match(k).group(1)) for k in table]
+    return np.array(bounds, dtype=np.int64), np.array(list(table.values()), dtype=np.int64)
+
+
 class SourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dataset: str = Field(description="catalog name of a curated dataset")
@@ -74,7 +143,9 @@ class SourceSpec(BaseModel):
     name: str | None = Field(None, description="the source's name in reports (default: dataset, versions and where)")
     weight: float | None = Field(None, gt=0, description="share of the phase's tokens (weights of a phase sum to 1)")
     epochs: float | None = Field(None, gt=0, description="epoch multiplier (alternative to weight)")
-    dup_upsample_cap: int | None = Field(None, ge=1, description="repeat each document min(dup_count, cap) times per epoch (dup_count: its duplicate cluster size from dedup)")
+    dup_upsample_cap: int | str | dict[str, int] | None = Field(
+        None, description="copies per epoch by duplicate cluster size (dup_count, from dedup): K (min(dup_count, K)), "
+                           "a table {1: 1, 2: 2, 3-4: 3, 5+: 4} or a preset (fineweb2)")
 
     @field_validator("versions")
     @classmethod
@@ -82,6 +153,11 @@ class SourceSpec(BaseModel):
         from quipu.catalog.versions import parse_versions
         parse_versions(v)
         return v
+
+    @field_validator("dup_upsample_cap", mode="before")
+    @classmethod
+    def _dup_upsample(cls, v):
+        return None if v is None else parse_dup_upsample(v)
 
     @field_validator("where")
     @classmethod
@@ -214,7 +290,7 @@ class SourceData:
     train: TokenShards
     train_docs: np.ndarray      # indices into `train` of documents used for training
     eval_docs: np.ndarray       # held-out documents
-    copies: np.ndarray | None = None   # per train_docs entry: times per epoch (dup_count, capped); None: once
+    copies: np.ndarray | None = None   # per train_docs entry: times per epoch (by dup_count); None: once
 
     @property
     def train_tokens(self) -> int:
@@ -272,13 +348,17 @@ def where_mask(table: pa.Table, where: dict[str, Any], key: str) -> np.ndarray:
     return mask
 
 
-def dup_copies(table: pa.Table, cap: int, key: str) -> np.ndarray:
-    """min(dup_count, cap) per row (a missing count is 1)."""
+def dup_copies(table: pa.Table, schedule: int | str | dict[str, int], key: str) -> np.ndarray:
+    """Copies per epoch of each row by its dup_count (a missing count is 1), as `schedule` says
+    (a cap K: min(dup_count, K); a table or preset: the entry of the cluster size)."""
     if "dup_count" not in table.column_names:
         raise BlendError(f"{key}.dup_upsample_cap: the curated data has no dup_count column "
                          "(curate with dedup, which records each kept document's cluster size)")
-    counts = table.column("dup_count").fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return np.clip(counts, 1, cap)
+    counts = np.maximum(table.column("dup_count").fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64), 1)
+    if isinstance(schedule, int):
+        return np.minimum(counts, schedule)
+    bounds, copies = dup_schedule(schedule)
+    return copies[np.searchsorted(bounds, counts, side="right") - 1]
 
 
 # ---- phase streams -----------------------------------------------------------------------------

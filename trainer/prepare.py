@@ -197,13 +197,13 @@ def load_sources(data: DataConfig, prepared: dict, seed: int) -> list[SourceData
             shards[spec.selection] = TokenShards.open(markers)
         tokens = shards[spec.selection]
         selected, copies = None, None
-        if spec.where or spec.dup_upsample_cap:
-            table = document_columns(markers, [*spec.where, *(["dup_count"] if spec.dup_upsample_cap else [])])
+        if spec.where or spec.dup_upsample_cap is not None:
+            table = document_columns(markers, [*spec.where, *(["dup_count"] if spec.dup_upsample_cap is not None else [])])
             if table.num_rows != tokens.num_docs:
                 raise BlendError(f"source {key!r}: curated shards have {table.num_rows} rows, tokens {tokens.num_docs} documents")
             mask = where_mask(table, spec.where, f"source {key!r}")
             selected = np.flatnonzero(mask)
-            if spec.dup_upsample_cap:
+            if spec.dup_upsample_cap is not None:
                 copies = dup_copies(table, spec.dup_upsample_cap, f"source {key!r}")[mask]
         sources.append(split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies))
     return sources
