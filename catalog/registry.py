@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from quipu.catalog import db
 from quipu.catalog.files import sha256_json
 from quipu.catalog.names import check_name
+from quipu.catalog.processes import owner_alive, process_owner
 
 
 # ---- runs -------------------------------------------------------------------------------------
@@ -21,7 +22,7 @@ def start_run(flow: str, config: dict, output: str | None, run_id: str | None = 
         conn.execute(sa.delete(db.runs).where(db.runs.c.id == run_id))
         conn.execute(sa.insert(db.runs).values(
             id=run_id, flow=flow, output=output, config=db.dumps(config),
-            config_hash=sha256_json(config), status="running", started=db.now()))
+            config_hash=sha256_json(config), status="running", started=db.now(), owner=process_owner()))
     return run_id
 
 
@@ -40,6 +41,20 @@ def mark_stale_runs_crashed(flow: str | None = None, output: str | None = None) 
         q = q.where(db.runs.c.output == output)
     with db.engine().begin() as conn:
         return conn.execute(q.values(status="crashed", ended=db.now())).rowcount
+
+
+def mark_dead_runs_crashed() -> int:
+    """Runs still `running` whose process (on this host) is gone: any later command calls this,
+    so a killed run does not stay `running` until another run uses its output."""
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.runs.c.id, db.runs.c.owner)
+                            .where(db.runs.c.status == "running", db.runs.c.owner.is_not(None))).all()
+    dead = [r.id for r in rows if owner_alive(r.owner) is False]
+    if not dead:
+        return 0
+    with db.engine().begin() as conn:
+        return conn.execute(sa.update(db.runs).where(db.runs.c.id.in_(dead), db.runs.c.status == "running")
+                            .values(status="crashed", ended=db.now())).rowcount
 
 
 def list_runs(limit: int = 50) -> list[dict]:

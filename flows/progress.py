@@ -27,7 +27,8 @@ def say(message: str) -> None:
     """A progress line on stderr (stdout stays the command's result), unless --quiet. Written to the
     stream, not print(): a flow with `log_prints=True` turns print() into log records."""
     if not quiet():
-        sys.stderr.write(message + "\n")
+        from quipu.catalog.errors import printable
+        sys.stderr.write(printable(message) + "\n")
         sys.stderr.flush()
 
 

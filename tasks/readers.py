@@ -56,6 +56,7 @@ from typing import Any, Iterator
 
 import fsspec
 
+from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_blocks
 from quipu.tasks.records import (CHUNK, KNOWN_FIELDS, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits,
                                  ReadStats, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
@@ -94,7 +95,12 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     """
     files: list[str] = []
     for pattern in patterns:
-        fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        try:
+            fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        except ImportError as e:   # s3://, gs://, ... without the fsspec backend installed
+            raise UserError(f"input {pattern}: {e.msg or e}".rstrip(".") + "; install it or copy the files locally") from None
+        except (ValueError, OSError) as e:   # an unknown protocol, bad credentials, an unreachable host
+            raise UserError(f"input {pattern}: cannot be listed ({type(e).__name__}: {e})") from None
         is_local = fs.protocol in ("file", ("file", "local")) or "file" in getattr(fs, "protocol", ())
         if is_local:
             matched = [p for p in paths if os.path.lexists(p) and not os.path.isdir(p)]
