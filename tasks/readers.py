@@ -44,6 +44,7 @@ accounting standard needs every record counted.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -120,9 +121,19 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
+def source_name(path: str) -> str:
+    """The path as recorded (quarantine `source`, reports, catalog): itself, or for a name whose
+    bytes are not UTF-8 (the OS gives them as surrogate escapes) the bytes shown as `\\xNN`."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def file_problem(path: str) -> str | None:
-    """Why a local path must not be opened (not a regular file), or None. Never blocks: a FIFO is
-    only stat'ed, not opened."""
+    """Why a local path must not be opened (not a regular file), or None.
+    Never blocks: a FIFO is only stat'ed, not opened."""
     local = _local(path)
     if local is None:
         return None
@@ -244,13 +255,20 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
     file's time budget cut."""
     problem = file_problem(path)
     if problem:
-        yield Quarantined(path, "file", problem)
+        yield Quarantined(source_name(path), "file", problem)
         return
     kind = reader_kind(path)
     size = file_size(path)
     if size == 0:  # most often a failed download or copy: say so rather than read nothing
-        yield Quarantined(path, "file", "empty file (0 bytes)")
-        return
+        try:   # ... unless it cannot be read at all, or is a /proc-like file whose size says nothing
+            with fsspec.open(path, "rb") as fh:
+                has_bytes = bool(fh.read(1))
+        except OSError as e:
+            yield Quarantined(source_name(path), "file", f"cannot read file: {type(e).__name__}: {e.strerror or e}")
+            return
+        if not has_bytes:
+            yield Quarantined(source_name(path), "file", "empty file (0 bytes)")
+            return
     if kind == "warc":
         items = read_warc(path, stats, limits)
     elif kind == "jsonl":
@@ -258,17 +276,28 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
     elif kind == "parquet":
         items = read_parquet(path, limits=limits, part=part)
     else:
-        yield Quarantined(path, "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
+        yield Quarantined(source_name(path), "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
         return
+    name = source_name(path)
+    if name != path:   # a name whose bytes are not UTF-8: opened by its bytes, recorded escaped
+        items = (dataclasses.replace(it, source=name) for it in items)
     deadline = time.monotonic() + limits.max_file_seconds
     last = "file"
-    for item in items:
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            break
+        except OSError as e:   # EACCES, EIO, a file removed or cut while read: this file stops here, the run goes on
+            where = "file" if last == "file" else f"after {last}"
+            yield Quarantined(name, where, f"cannot read file: {type(e).__name__}: {e.strerror or e}")
+            return
         last = item.offset if isinstance(item, RawRecord) else item.record
         yield item
         if time.monotonic() > deadline:
             items.close()
             where = f"after {last}" if last.startswith("line ") else last
-            yield Quarantined(path, where,
+            yield Quarantined(name, where,
                               f"time budget exceeded: reading stopped after {limits.max_file_seconds:g} s "
                               f"(extract.max_file_seconds); the rest of the {'file' if part is None else f'part ({part.describe()})'} was not read")
             return
