@@ -200,7 +200,7 @@ def plan_slices(path: str, part_bytes: int) -> list[FileSlice] | None:
             return None
     except (OSError, ValueError):
         return None
-    return slices if len(slices) > 1 else None
+    return slices if slices and len(slices) > 1 else None
 
 
 def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
@@ -227,8 +227,36 @@ def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
     return [FileSlice(path, "jsonl", c, e, before, c, e) for (c, before), e in zip(cuts, ends)]
 
 
-def _parquet_slices(path: str, part_bytes: int) -> list[FileSlice]:
+MAX_PARQUET_FOOTER_BYTES = 64 << 20   # real footers are KBs to a few MB; pyarrow reads the declared size whole
+
+
+def parquet_footer_problem(path: str) -> str | None:
+    """Why a parquet file's footer must not be read (a declared length beyond the file or the
+    cap: a sparse file can declare 4 GB that pyarrow would allocate), or None; reads 8 bytes."""
+    try:
+        with fsspec.open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size < 12:
+                return f"not a parquet file: {size} bytes"
+            fh.seek(size - 8)
+            tail = fh.read(8)
+    except OSError as e:
+        return f"cannot read file: {type(e).__name__}: {e.strerror or e}"
+    if tail[4:] != b"PAR1":
+        return "not a parquet file: no PAR1 magic at the end (truncated, or another format)"
+    declared = int.from_bytes(tail[:4], "little")
+    if declared > size - 12:
+        return f"corrupt parquet footer: it declares {declared:,} bytes, the file has {size:,}"
+    if declared > MAX_PARQUET_FOOTER_BYTES:
+        return (f"parquet footer of {declared:,} bytes is over the {MAX_PARQUET_FOOTER_BYTES >> 20} MiB read cap "
+                "(metadata that large is not a data file written by a normal tool)")
+    return None
+
+
+def _parquet_slices(path: str, part_bytes: int) -> list[FileSlice] | None:
     import pyarrow.parquet as pq
+    if parquet_footer_problem(path):
+        return None   # read_parquet quarantines it with the reason
     meta = pq.ParquetFile(_local(path)).metadata
     groups = []        # (first byte, last byte + 1, rows) per row group
     for g in range(meta.num_row_groups):
@@ -582,6 +610,10 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    problem = parquet_footer_problem(path)
+    if problem:
+        yield Quarantined(path, "file", problem)
+        return
     try:
         fh = fsspec.open(path, "rb").open()
         pf = pq.ParquetFile(fh)

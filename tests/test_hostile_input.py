@@ -359,3 +359,69 @@ def build_hostile_corpus(d: Path) -> dict[str, dict]:
     exp["pipe.jsonl"] = {"records": 1, "quarantine_at": {"file": "named pipe (FIFO)"}}
     exp["dangling.jsonl"] = {"records": 1, "quarantine_at": {"file": "dangling symbolic link"}}
     return exp
+
+
+# ---- issue 32: per-file isolation to the end ------------------------------------------------------
+
+def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path):
+    """A file that exists but cannot be opened (as root: a link to /proc/1/environ; else a mode-000
+    file) failed the run in sha256_file; a name with non-UTF-8 bytes failed it in unit_key. Now the
+    first is one quarantine row naming the file and the error, the second is read by its bytes and
+    recorded with the bytes escaped; the unit's other file is read."""
+    from quipu.tasks.extract import extract_unit
+    folder = tmp_path / "in"
+    folder.mkdir()
+    good = folder / "good.jsonl"
+    good.write_bytes(b"".join(jline(i) for i in range(3)))
+    odd = os.fsdecode(bytes(folder) + b"/odd-\xff\xfe-name.jsonl")
+    Path(odd).write_bytes(b"".join(jline(i) for i in range(10, 12)))
+    locked = folder / "locked.jsonl"
+    if os.geteuid() == 0:
+        locked.symlink_to("/proc/1/environ")
+        try:
+            open(locked, "rb").close()
+            pytest.skip("/proc/1/environ is readable here: no unreadable file to test with as root")
+        except PermissionError:
+            pass
+    else:
+        locked.write_bytes(jline(99))
+        locked.chmod(0)
+    files = expand_inputs([str(folder)])
+    assert odd in files
+    result = extract_unit(files, tmp_path / "out", ExtractConfig()).model_dump()
+    check_accounting(result)
+    by_source = {f["source"]: f for f in result["files"]}
+    escaped = str(folder) + "/odd-\\xff\\xfe-name.jsonl"
+    assert by_source[escaped]["documents"] == 2 and by_source[str(good)]["documents"] == 3
+    assert by_source[str(locked)]["quarantined"] == 1
+    q = pq.read_table(tmp_path / "out" / "quarantine").to_pylist()
+    assert [(r["source"], r["record"]) for r in q] == [(str(locked), "file")]
+    assert q[0]["reason"].startswith("cannot read file: PermissionError")
+    kept = pq.read_table(tmp_path / "out" / "extract").column("source").to_pylist()
+    assert escaped in kept   # the name is stored escaped: valid UTF-8 everywhere
+
+
+# ---- issue 32: memory from declared sizes ---------------------------------------------------------
+
+@pytest.mark.parametrize("declared_gb", [1])   # 4 GB: the same check, and 4 GB of zeros to hash
+def test_sparse_parquet_declaring_a_huge_footer_is_refused_unread(tmp_path, declared_gb):
+    """A sparse file: PAR1, a hole, then a footer length of 1 or 4 GB and PAR1. pyarrow allocated
+    the declared footer whole (4 GB footer: 4.7 GB RSS). Now the 8 tail bytes are checked first:
+    one quarantine row, memory flat, the run goes on (the same file goes through pack_inputs,
+    which would plan row-group slices for a file this size)."""
+    path = tmp_path / "sparse.parquet"
+    declared = min(declared_gb << 30, (1 << 32) - 1)
+    with open(path, "wb") as fh:
+        fh.write(b"PAR1")
+        fh.seek(declared + 4)
+        fh.write(declared.to_bytes(4, "little") + b"PAR1")
+    out = run_child(f"""
+from quipu.tasks.extract import ExtractConfig, extract_unit, pack_inputs
+units = pack_inputs([{str(path)!r}], 64 << 20)
+r = extract_unit(units[0], {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
+out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quarantine_by_reason')}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["records_read"] == 1 and out["quarantined"] == 1, out
+    reason = next(iter(out["quarantine_by_reason"]))
+    assert "parquet footer" in reason and "cap" in reason, reason
