@@ -425,3 +425,44 @@ out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quaranti
     assert out["records_read"] == 1 and out["quarantined"] == 1, out
     reason = next(iter(out["quarantine_by_reason"]))
     assert "parquet footer" in reason and "cap" in reason, reason
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [es, pt, en, es, pt, en, es, pt, en, es]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return "x-anchors:\n" + "".join(f"  {line}\n" for line in lines) + f"langid:\n  languages: *a{levels}\n"
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """A 600-byte YAML whose aliases expand to 10^10 values inside langid.languages: > 4 GB in 57 s
+    with no message (validating and formatting the expanded value). Now refused at once, one line;
+    an ordinary config with a few aliases still loads."""
+    import time
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb.yaml: its YAML aliases expand to more than 100,000 values"):
+        load_config(CurateConfig, path)
+    with pytest.raises(ConfigError, match=r"--set langid.languages: its YAML aliases expand"):
+        load_config(CurateConfig, None, ["langid.languages=" + "{a: &a [x,x,x,x,x,x,x,x,x,x], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                         "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+                                         "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"])
+    assert time.perf_counter() - t0 < 5
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("langid:\n  languages: &langs [es, pt, en]\n")
+    assert load_config(CurateConfig, ok).langid.languages == ["es", "pt", "en"]
+
+
+def test_config_error_formats_a_large_value_from_a_bounded_prefix(tmp_path):
+    """Under the alias limit a value can still be large (here 18,000 nested values where a string
+    list is expected): the message shows a bounded prefix of it, and at most 11 lines."""
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
+    path = tmp_path / "big.yaml"
+    path.write_text("langid:\n  languages: [" + ", ".join(["[[1, 2, 3], [4, 5, 6]]"] * 2_000) + "]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(CurateConfig, path)
+    lines = str(e.value).splitlines()
+    assert "langid.languages" in lines[0] and max(map(len, lines)) < 400 and len(lines) <= 11, lines
