@@ -21,7 +21,7 @@ from quipu.catalog import registry
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_file, write_json_atomic
 from quipu.catalog.names import check_name, name_from
-from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.catalog.ownership import claim, identity, output_lock, record_written
 from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
@@ -264,6 +264,7 @@ def curate(config: CurateConfig, overwrite: bool = False) -> dict:
                                           config.keep_intermediate, config.keep_work_files)
         summary["disk"] = {**disk_footprint(config.context(), summary), "released": freed}
         write_json_atomic(config.context().summary, summary)
+        record_written(run_dir, owned_entries())
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
     from quipu.flows.events import curate_completed
     summary["event"] = curate_completed(summary, log)   # quipu.curate.completed: the trigger that trains on it
