@@ -466,3 +466,93 @@ def test_config_error_formats_a_large_value_from_a_bounded_prefix(tmp_path):
         load_config(CurateConfig, path)
     lines = str(e.value).splitlines()
     assert "langid.languages" in lines[0] and max(map(len, lines)) < 400 and len(lines) <= 11, lines
+
+
+# ---- issue 32: hostile model files ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_quality_model(tmp_path_factory) -> Path:
+    """A tiny fastText classifier trained here on the probe texts (0.3 s)."""
+    import random
+    from quipu.trainer.model_files import PROBE
+    from quipu.trainer.quality_train import FastTextParams, train_model
+    d = tmp_path_factory.mktemp("ftmodel")
+    rng = random.Random(0)
+    with open(d / "train.txt", "w") as f:
+        for _ in range(200):
+            f.write("__label__hq " + rng.choice(PROBE[:4]).lower() + "\n")
+            f.write("__label__lq " + rng.choice(PROBE[4:]).lower() + "\n")
+    train_model(str(d / "train.txt"), FastTextParams(dim=16, bucket=2000, epoch=5, lr=0.1, wordNgrams=1, minCount=1),
+                1, str(d / "q.bin"))
+    return d / "q.bin"
+
+
+def _layout(path: Path) -> dict:
+    """Offsets of a dense supervised fastText file: header ints, input matrix shape, its weights."""
+    import struct
+    data = path.read_bytes()
+    n_entries = struct.unpack_from("<i", data, 64)[0]   # after magic, version, 12 int args, a double
+    pos = 92
+    for _ in range(n_entries):
+        pos = data.index(b"\0", pos) + 1 + 9
+    return {"input_mn": pos + 1, "input_data": pos + 17, "size": len(data)}
+
+
+def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in_one_line(tmp_path, small_quality_model):
+    """A fastText header with one integer changed aborted the process (`free(): invalid next
+    size`) mid-run; a truncated one loaded and scored everything ~0.5. Now the layout is checked
+    against the file before the native loader sees it: one error naming the file."""
+    import struct
+    from quipu.trainer.model_files import fasttext_problem
+    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    data = small_quality_model.read_bytes()
+    assert fasttext_problem(str(small_quality_model)) is None
+    from quipu.tasks.langid import default_model_path
+    assert fasttext_problem(default_model_path()) is None          # the shipped, quantized LID model
+    cases = {"dim": (8, 4000), "bucket": (40, 200_000), "nwords": (68, 10_000), "input rows": (_layout(small_quality_model)["input_mn"], 10 ** 6)}
+    for name, (offset, value) in cases.items():
+        bad = bytearray(data)
+        struct.pack_into("<q" if name == "input rows" else "<i", bad, offset, value)
+        path = tmp_path / f"{name.replace(' ', '_')}.bin"
+        path.write_bytes(bytes(bad))
+        with pytest.raises(QualityModelError, match=f"{path}: ") as e:
+            load_quality_model(str(path), "hq")
+        assert "\n" not in str(e.value), name
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    with pytest.raises(QualityModelError, match=f"{cut}: truncated"):
+        load_quality_model(str(cut), "hq")
+
+
+def test_quality_model_with_constant_scores_fails_the_precheck(tmp_path, small_quality_model):
+    """A consistent file whose weights say nothing (here the input vectors zeroed: every text gets
+    the same score) would keep or remove everything alike; the probe set catches it."""
+    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    lay = _layout(small_quality_model)
+    data = bytearray(small_quality_model.read_bytes())
+    m, n = struct_unpack_qq(data, lay["input_mn"])
+    data[lay["input_data"]: lay["input_data"] + m * n * 4] = bytes(m * n * 4)
+    flat = tmp_path / "flat.bin"
+    flat.write_bytes(bytes(data))
+    with pytest.raises(QualityModelError, match=f"quality model {flat} gives every probe text the same score"):
+        load_quality_model(str(flat), "hq")
+    assert load_quality_model(str(small_quality_model), "hq").score(["a fine sentence."])   # the real one loads
+
+
+def struct_unpack_qq(data, offset):
+    import struct
+    return struct.unpack_from("<qq", data, offset)
+
+
+def test_a_loader_crash_is_one_line_naming_the_file(tmp_path, monkeypatch, small_quality_model):
+    """Whatever the layout check misses and the native loader dies on is a crash of the child, not
+    of quipu: one line naming the file and the signal."""
+    import quipu.trainer.model_files as mf
+    monkeypatch.setattr(mf, "fasttext_problem", lambda path: None)
+    bad = tmp_path / "abort.bin"
+    bad.write_bytes(small_quality_model.read_bytes())
+    monkeypatch.setattr(mf.sys, "executable", str(tmp_path / "python"))
+    (tmp_path / "python").write_text("#!/bin/sh\nkill -ABRT $$\n")
+    (tmp_path / "python").chmod(0o755)
+    with pytest.raises(mf.ModelFileError, match=rf"fastText model {bad} crashed the fastText loader \(SIGABRT\)"):
+        mf.check_fasttext(str(bad), "__label__hq")
