@@ -83,6 +83,7 @@ models = sa.Table(
     sa.Column("metrics", sa.Text),
     sa.Column("fingerprint", sa.String(64)),
     sa.Column("created", sa.DateTime),
+    sa.Column("files", sa.Text),             # JSON {relative path: [bytes, sha256]} of what quipu wrote
 )
 
 files_seen = sa.Table(

@@ -206,3 +206,32 @@ def test_pii_precision_and_recall_on_real_text(shared_data):
     # what is altered at all is real contact data already in those documents
     assert r["clean_altered"] == r["altered_without_the_planted_numbers"], r
     assert r["clean_altered_rate"] <= 0.01, r
+
+
+# ---- issue 32: models are checked against what quipu recorded when it wrote them -----------------
+
+def test_a_model_changed_after_quipu_wrote_it_is_refused_naming_the_file(tmp_path):
+    from quipu.catalog import registry
+    from quipu.catalog.registry import ModelFileChanged
+    from quipu.trainer.models import resolve_model
+    model = tmp_path / "kenlm" / "model.arpa"
+    model.parent.mkdir()
+    model.write_bytes(b"\\data\\\nngram 1=3\n" * 100)
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "model.safetensors").write_bytes(b"x" * 4096)
+    (student / "config.json").write_text('{"layers": 2}')
+    registry.register_model("lm-32", "kenlm", str(model))
+    registry.register_model("student-32", "wayra", str(student))
+    assert resolve_model("kenlm", "lm-32", "perplexity.kenlm") == str(model)        # as written: fine
+    assert resolve_model("wayra", str(student), "perplexity.student") == str(student)
+    data = model.read_bytes()
+    model.write_bytes(data[:-1] + b"!")                                                # one byte changed
+    with pytest.raises(ModelFileChanged, match=rf"model file {model} is not the file quipu wrote"):
+        resolve_model("kenlm", "lm-32", "perplexity.kenlm")
+    (student / "model.safetensors").write_bytes(b"x" * 100)                             # cut short
+    with pytest.raises(ModelFileChanged, match=r"model.safetensors has 100 bytes, 4,096 when quipu wrote it"):
+        resolve_model("wayra", str(student), "perplexity.student")
+    other = tmp_path / "elsewhere.arpa"                                                  # not quipu's: not checked here
+    other.write_bytes(b"anything")
+    assert resolve_model("kenlm", str(other), "perplexity.kenlm") == str(other)
