@@ -556,3 +556,30 @@ def test_a_loader_crash_is_one_line_naming_the_file(tmp_path, monkeypatch, small
     (tmp_path / "python").chmod(0o755)
     with pytest.raises(mf.ModelFileError, match=rf"fastText model {bad} crashed the fastText loader \(SIGABRT\)"):
         mf.check_fasttext(str(bad), "__label__hq")
+
+
+@pytest.mark.slow   # ~25 s: a child that imports torch and transformers
+def test_student_config_declaring_the_largest_arch_beside_tiny_weights_allocates_nothing(tmp_path):
+    """A student whose config.json declares the largest allowed architecture next to a tiny
+    model.safetensors took > 5 GB in the pre-check (the model was built before the weights were
+    compared). Now the header's shapes are compared with the arch built on the meta device first:
+    one StudentError naming the file, memory flat."""
+    out = run_child(f"""
+import json
+from pathlib import Path
+from safetensors.torch import save_file
+from quipu.trainer.wayra import CONFIG_FILE, FORMAT, TOKENIZER_FILE, WEIGHTS_FILE, StudentError, WayraArch, WayraModel, WayraStudent
+d = Path({str(tmp_path / 'student')!r}); d.mkdir()
+tiny = WayraArch(vocab_size=320, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=48)
+save_file(WayraModel(tiny).state_dict(), str(d / WEIGHTS_FILE))
+big = {{**tiny.model_dump(), "vocab_size": 65536, "d_model": 2048, "n_layers": 24, "n_heads": 32, "d_ff": 8192, "max_len": 4096}}
+(d / CONFIG_FILE).write_text(json.dumps({{"format": FORMAT, "arch": big, "label_mean": 0.0, "label_std": 1.0}}))
+(d / TOKENIZER_FILE).write_text("{{}}")
+try:
+    WayraStudent.load(d)
+    out = {{"error": None}}
+except StudentError as e:
+    out = {{"error": str(e)}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["error"] and "does not match its config's arch" in out["error"] and "model.safetensors" in out["error"], out

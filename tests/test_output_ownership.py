@@ -198,6 +198,11 @@ def test_output_inside_the_inputs_is_refused_whatever_the_flags(tmp_path):
             refuse_output_among_inputs(folder / "out", patterns, files)
     refuse_output_among_inputs(tmp_path / "elsewhere", [str(folder)], [str(a)])   # beside the inputs: fine
     refuse_output_among_inputs(folder / "out", [f"{folder}/*.jsonl"], [str(a)])    # a flat glob cannot reach it
+
+
+@pytest.mark.slow
+def test_curate_refuses_an_output_inside_its_input_in_one_line(tmp_path):
+    folder = _inputs(tmp_path, "a", 5, n=3).parent
     r = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(folder),
                         "--output", str(folder / "out"), "--overwrite"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "inside the input" in r.stderr, r.stderr
