@@ -148,10 +148,14 @@ def test_domain_errors_map_to_one_line_exit_codes(capsys, monkeypatch):
         assert err.strip() == f"quipu: {exc}" and "Traceback" not in err
 
     def bug(args):
-        raise KeyError("bug")
+        raise KeyError("bug\x1b[2J")
     monkeypatch.setattr(curate_cli, "cmd_report", bug)
-    with pytest.raises(KeyError):     # a bug is not a user error: it keeps its traceback
-        cli.main(["report", "/nowhere"])
+    # issue 32: a bug is one line too (exit 1), its traceback in the log file; --verbose shows it
+    assert cli.main(["report", "/nowhere"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("quipu: KeyError: ") and "quipu.log" in err and "\x1b" not in err
+    with pytest.raises(KeyError):
+        cli.main(["--verbose", "report", "/nowhere"])
 
 
 # ---- PII precision (issue 32): ordinary numbers are not PII --------------------------------------
