@@ -97,22 +97,65 @@ def exit_code(default: int = 130) -> int:
 
 
 def install_signal_handlers() -> None:
+    """The Python handler raises KeyboardInterrupt in the main thread; a watcher thread, woken by
+    the signal's C-level handler through `signal.set_wakeup_fd`, starts the grace timer and ends
+    the process on a second signal even while the main thread is stuck in a C call."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
+    if not _watching:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        _watching.append(r)
+        threading.Thread(target=_watch, args=(r,), name="quipu-signal-watch", daemon=True).start()
+
+
+_watching: list[int] = []
+_interrupted: list[bool] = []   # KeyboardInterrupt raised once
 
 
 def _on_signal(signum, frame) -> None:
-    if _received:   # a second signal: end now
-        _end_now(128 + _received[0])
-    _received.append(signum)
+    _note(signum)
+    if _interrupted:   # the main thread unwinds already; the watcher decides what a second signal does
+        return
+    _interrupted.append(True)
+    raise KeyboardInterrupt
+
+
+def _note(signum: int) -> bool:
+    """Record a signal; True the first time any arrives."""
+    with _lock:
+        if _received:
+            return False
+        _received.append(signum)
     name = signal.Signals(signum).name
     with contextlib.suppress(Exception):
         os.write(2, f"\nquipu: {name}: stopping (finished shards are kept); "
                     f"{'Ctrl-C again' if signum == signal.SIGINT else 'a second signal'} ends at once\n".encode())
     threading.Thread(target=_end_after_grace, name="quipu-grace", daemon=True).start()
-    raise KeyboardInterrupt
+    return True
+
+
+_lock = threading.Lock()
+
+
+def _watch(fd: int) -> None:
+    seen = 0
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        for b in data:
+            if b not in (signal.SIGINT, signal.SIGTERM):
+                continue
+            seen += 1
+            if seen == 1:
+                _note(b)
+            else:
+                _end_now(exit_code())
 
 
 def _end_after_grace() -> None:

@@ -583,3 +583,17 @@ except StudentError as e:
 """)
     assert out["rss_mb"] < RSS_BOUND_MB, out
     assert out["error"] and "does not match its config's arch" in out["error"] and "model.safetensors" in out["error"], out
+
+
+def test_kenlm_model_is_first_loaded_in_a_child(tmp_path):
+    """KenLM files get the same first load in a child process: a file it cannot read is one line
+    naming it (a file it would abort on costs the child, not the run: as in the fastText test)."""
+    from quipu.trainer.model_files import ModelFileError, check_kenlm
+    arpa = tmp_path / "tiny.arpa"
+    arpa.write_text("\\data\\\nngram 1=4\nngram 2=2\n\n\\1-grams:\n-1.0\t<unk>\t0\n-99\t<s>\t-0.3\n-0.5\t</s>\t0\n"
+                    "-0.6\tword\t-0.2\n\n\\2-grams:\n-0.2\t<s> word\n-0.3\tword </s>\n\n\\end\\\n")
+    check_kenlm(str(arpa))
+    cut = tmp_path / "cut.arpa"
+    cut.write_text(arpa.read_text()[:40])
+    with pytest.raises(ModelFileError, match=rf"KenLM model {cut} cannot be loaded: "):
+        check_kenlm(str(cut))

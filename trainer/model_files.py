@@ -8,7 +8,8 @@ loader sees it, then loaded once in a child process, so that a file the loader w
 - `check_fasttext(path, positive)` runs the load (and for a classifier the scoring of a built-in
   probe set of good and junk text) in a child: a crash, or scores that are the same for every
   probe text (a model that would keep or remove everything alike), is a `ModelFileError`.
-Run as `python -m quipu.trainer.model_files PATH [LABEL]` it is that child.
+`check_kenlm(path)` loads a KenLM file in a child the same way. Run as
+`python -m quipu.trainer.model_files PATH [LABEL]` (or `--kenlm PATH`) it is that child.
 """
 from __future__ import annotations
 
@@ -141,30 +142,49 @@ def fasttext_problem(path: str) -> str | None:
     return None
 
 
+def _run_child(args: list[str], path: str, what: str) -> dict:
+    """Load a model in a child (`python -m quipu.trainer.model_files ARGS`): its JSON answer, or a
+    ModelFileError for a crash, a timeout or an error, naming the file."""
+    try:
+        p = subprocess.run([sys.executable, "-m", "quipu.trainer.model_files", *args],
+                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ModelFileError(f"{what} {path}: loading it took over {CHILD_TIMEOUT_S} s") from None
+    if p.returncode < 0:
+        loader = what.split()[0]
+        raise ModelFileError(f"{what} {path} crashed the {loader} loader ({signal.Signals(-p.returncode).name}): "
+                             "the file is corrupt; replace it") from None
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise ModelFileError(f"{what} {path} cannot be loaded: {last}")
+    out = json.loads(lines[-1])
+    if out.get("error"):
+        raise ModelFileError(f"{what} {path}: {out['error']}")
+    return out
+
+
 @lru_cache(maxsize=16)
 def _checked(path: str, mtime_ns: int, size: int, positive: str | None) -> None:
     problem = fasttext_problem(path)
     if problem:
         raise ModelFileError(f"fastText model {path}: {problem}")
-    try:
-        p = subprocess.run([sys.executable, "-m", "quipu.trainer.model_files", path, positive or ""],
-                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ModelFileError(f"fastText model {path}: loading it took over {CHILD_TIMEOUT_S} s") from None
-    if p.returncode < 0:
-        raise ModelFileError(f"fastText model {path} crashed the fastText loader ({signal.Signals(-p.returncode).name}): "
-                             "the file is corrupt; replace it") from None
-    lines = p.stdout.strip().splitlines()
-    if p.returncode != 0 or not lines:
-        last = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        raise ModelFileError(f"fastText model {path} cannot be loaded: {last}")
-    out = json.loads(lines[-1])
-    if out.get("error"):
-        raise ModelFileError(f"fastText model {path}: {out['error']}")
-    scores = out.get("scores")
+    scores = _run_child([path, positive or ""], path, "fastText model").get("scores")
     if scores is not None and max(scores) - min(scores) < 1e-4:
         raise ModelFileError(f"quality model {path} gives every probe text the same score ({scores[0]:.4f}): "
                              "truncated or untrained; retrain it")
+
+
+@lru_cache(maxsize=16)
+def _kenlm_checked(path: str, mtime_ns: int, size: int) -> None:
+    _run_child(["--kenlm", path], path, "KenLM model")
+
+
+def check_kenlm(path: str) -> None:
+    """ModelFileError unless the KenLM file loads in a child process (KenLM aborts the process on
+    some corrupt files). Once per file version and process."""
+    st = os.stat(path)
+    _kenlm_checked(os.path.abspath(path), st.st_mtime_ns, st.st_size)
 
 
 def check_fasttext(path: str, positive: str | None = None) -> None:
@@ -190,5 +210,13 @@ def _child(path: str, positive: str) -> None:
     print(json.dumps({"scores": [float(dict(zip(ls, ps)).get(positive, 0.0)) for ls, ps in zip(got, probs)]}))
 
 
+def _kenlm_child(path: str) -> None:
+    import kenlm
+    print(json.dumps({"order": kenlm.Model(path).order}))
+
+
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
+    if sys.argv[1] == "--kenlm":
+        _kenlm_child(sys.argv[2])
+    else:
+        _child(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
