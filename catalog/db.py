@@ -15,6 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from quipu.catalog.errors import UserError
+
 metadata = sa.MetaData()
 
 runs = sa.Table(
@@ -28,6 +30,7 @@ runs = sa.Table(
     sa.Column("started", sa.DateTime),
     sa.Column("ended", sa.DateTime),
     sa.Column("summary", sa.Text),           # JSON: run.json of a curate run, metrics of a train run
+    sa.Column("owner", sa.String(256)),      # host:pid:start of the process running it (processes.process_owner)
 )
 
 datasets = sa.Table(
@@ -80,6 +83,7 @@ models = sa.Table(
     sa.Column("metrics", sa.Text),
     sa.Column("fingerprint", sa.String(64)),
     sa.Column("created", sa.DateTime),
+    sa.Column("files", sa.Text),             # JSON {relative path: [bytes, sha256]} of what quipu wrote
 )
 
 files_seen = sa.Table(
@@ -127,6 +131,10 @@ def catalog_url() -> str:
     return f"sqlite:///{home / 'catalog.db'}"
 
 
+class CatalogUnreadable(UserError):
+    """The catalog database cannot be opened or is not one."""
+
+
 @lru_cache(maxsize=8)
 def _engine_for(url: str) -> sa.Engine:
     kwargs: dict[str, Any] = {}
@@ -134,9 +142,26 @@ def _engine_for(url: str) -> sa.Engine:
         # Several Prefect task threads register into one file: wait rather than fail on a lock.
         kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
     engine = sa.create_engine(url, future=True, **kwargs)
-    metadata.create_all(engine)
-    add_missing_columns(engine)
+    try:
+        if url.startswith("sqlite:///"):
+            with engine.connect() as conn:   # a truncated file can pass create_all and fail mid-run
+                bad = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check(3)")]
+            if bad != ["ok"]:
+                raise CatalogUnreadable(unreadable_message(url, "; ".join(map(str, bad))))
+        metadata.create_all(engine)
+        add_missing_columns(engine)
+    except sa.exc.DBAPIError as e:
+        raise CatalogUnreadable(unreadable_message(url, str(e.orig).splitlines()[0] if e.orig else str(e))) from None
     return engine
+
+
+def unreadable_message(url: str, why: str) -> str:
+    where = url.removeprefix("sqlite:///")
+    fix = (f"move it away (a new catalog is created on the next run) or set QUIPU_CATALOG_URL"
+           if url.startswith("sqlite:///") else "check QUIPU_CATALOG_URL and the database server")
+    if url.startswith("sqlite:///") and Path(where).is_dir():
+        why = "it is a directory, not a database file"
+    return f"catalog database {where} is unreadable ({why}): {fix}"
 
 
 def add_missing_columns(engine: sa.Engine) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,13 +44,26 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, final)
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp_path, final)
+        except OSError as e:
+            raise with_path(e, final) from e
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def with_path(e: OSError, path: str | os.PathLike) -> OSError:
+    """`e` naming the file it was about: pyarrow's and zstd's writers drop the path (and pyarrow
+    puts the errno in its message: "... Detail: [errno 28] No space left on device")."""
+    if e.filename is not None:
+        return e
+    m = re.search(r"\[errno (\d+)\]", str(e))
+    code = e.errno if e.errno is not None else int(m.group(1)) if m else None
+    return OSError(code, os.strerror(code), str(path)) if code is not None else e
 
 
 def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> None:

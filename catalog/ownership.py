@@ -18,7 +18,6 @@ import datetime as dt
 import fcntl
 import json
 import os
-import shutil
 import socket
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +27,7 @@ from quipu.catalog.files import read_json, remove_stale_temporaries, sha256_json
 
 LOCK_NAME = ".quipu.lock"
 IDENTITY_NAME = ".quipu-run.json"
+MANIFEST_NAME = ".quipu-manifest.json"   # {"foreign": files not ours when the run began, "written": what it wrote}
 
 
 class OutputInUse(UserError):
@@ -99,6 +99,41 @@ def check_free(run_dir: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def record_written(run_dir: str | os.PathLike, owned: list[str]) -> None:
+    """At the end of a run: the manifest lists what it wrote (what a later `--overwrite` removes)."""
+    run_dir = Path(run_dir)
+    m = _manifest(run_dir) or {"foreign": []}
+    written = files_under(run_dir, owned) - set(m["foreign"])
+    write_json_atomic(run_dir / MANIFEST_NAME, {"foreign": m["foreign"], "written": sorted(written)})
+
+
+def is_foreign(run_dir: str | os.PathLike, rel: str) -> bool:
+    """Whether `rel` in OUT was there, not written by quipu, when this run began."""
+    m = _manifest(Path(run_dir))
+    return m is not None and rel in m["foreign"]
+
+
+def refuse_output_among_inputs(run_dir: str | os.PathLike, patterns: list[str], files: list[str]) -> None:
+    """One line, whatever the flags, if OUT is inside the input set: a rerun would read the run's own
+    outputs as input (an input folder holding OUT, a recursive glob above it, or a matched file in it)."""
+    out = Path(run_dir).resolve()
+
+    def inside(p: Path) -> bool:
+        return p == out or out in p.parents
+
+    for f in files:
+        if "://" not in f and inside(Path(f).resolve()):
+            raise UserError(f"output {out} is inside the inputs ({f} is in it): choose an --output outside them")
+    for pattern in patterns:
+        if "://" in pattern:
+            continue
+        base = Path(pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0] or ".").expanduser().resolve()
+        recursive = "**" in pattern or (("*" not in pattern) and base.is_dir())
+        if recursive and (out == base or base in out.parents):
+            raise UserError(f"output {out} is inside the input {pattern}: its outputs would be read as input; "
+                            "choose an --output outside it")
+
+
 def identity(inputs: list[str], config: dict, ignore: tuple[str, ...] = ()) -> dict:
     cfg = {k: v for k, v in config.items() if k not in ignore}
     return {"inputs": sorted(inputs), "config_sha256": sha256_json(cfg)}
@@ -125,18 +160,69 @@ def check_identity(run_dir: str | os.PathLike, ident: dict, owned: list[str]) ->
                              f"pass --overwrite to replace it, or choose another --output")
 
 
+def files_under(run_dir: Path, owned: list[str]) -> set[str]:
+    """Every file (or link) in the `owned` entries of OUT, relative to OUT."""
+    found: set[str] = set()
+    for name in owned:
+        p = run_dir / name
+        if p.is_dir() and not p.is_symlink():
+            for d, _, names in os.walk(p):
+                found.update(os.path.relpath(os.path.join(d, n), run_dir) for n in names)
+        elif p.is_file() or p.is_symlink():
+            found.add(name)
+    return found
+
+
+def _manifest(run_dir: Path) -> dict | None:
+    try:
+        m = read_json(run_dir / MANIFEST_NAME)
+        return m if isinstance(m, dict) and isinstance(m.get("foreign"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def quipus_files(run_dir: Path, owned: list[str]) -> set[str]:
+    """What earlier runs wrote into OUT: a finished run's manifest; for a killed one, everything in
+    the owned entries but the files that were there before it began; with no manifest (a run of an
+    older quipu) the owned entries whole if an identity says quipu ran there, else nothing."""
+    present = files_under(run_dir, owned)
+    m = _manifest(run_dir)
+    if m is None:
+        return present if (run_dir / IDENTITY_NAME).exists() else set()
+    if isinstance(m.get("written"), list):
+        return present & set(m["written"])
+    return present - set(m["foreign"])
+
+
+def _remove(run_dir: Path, rels: set[str], owned: list[str]) -> None:
+    """Delete the files `rels`, then the folders of the owned entries that this left empty."""
+    for rel in sorted(rels):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / rel).unlink()
+    for name in owned:
+        top = run_dir / name
+        if top.is_dir() and not top.is_symlink():
+            for d, _, _ in sorted(os.walk(top), key=lambda t: -t[0].count(os.sep)):
+                with contextlib.suppress(OSError):   # not empty: a user's file is in it
+                    os.rmdir(d)
+
+
 def claim(run_dir: str | os.PathLike, ident: dict, owned: list[str], overwrite: bool = False) -> int:
     """Make OUT this run's (call while holding `output_lock`): refuse another run's results unless
-    `overwrite`, which deletes the `owned` entries first; then clear a killed run's temporaries in
-    them. Returns how many temporaries were removed."""
+    `overwrite`, which deletes what earlier runs wrote there (their manifest), never a user's files;
+    then clear a killed run's temporaries in the owned entries. Records the files in those entries
+    that are not quipu's (`.quipu-manifest.json`) so that `record_written` can list what this run
+    wrote. Returns how many temporaries were removed."""
     run_dir = Path(run_dir)
     ident_path = run_dir / IDENTITY_NAME
+    ours = quipus_files(run_dir, owned)
     if not overwrite:
         check_identity(run_dir, ident, owned)
     else:
-        for name in [n for n in owned if (run_dir / n).exists()]:
-            p = run_dir / name
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        _remove(run_dir, ours, owned)
+        ours = set()
+    foreign = files_under(run_dir, owned) - ours
+    write_json_atomic(run_dir / MANIFEST_NAME, {"foreign": sorted(foreign), "written": None})
     write_json_atomic(ident_path, ident)
     return sum(remove_stale_temporaries(run_dir / name) if (run_dir / name).is_dir() else 0 for name in owned) \
         + remove_stale_temporaries(run_dir, recursive=False)

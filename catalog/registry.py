@@ -8,8 +8,10 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from quipu.catalog import db
-from quipu.catalog.files import sha256_json
+from quipu.catalog.errors import UserError
+from quipu.catalog.files import sha256_file, sha256_json
 from quipu.catalog.names import check_name
+from quipu.catalog.processes import owner_alive, process_owner
 
 
 # ---- runs -------------------------------------------------------------------------------------
@@ -21,7 +23,7 @@ def start_run(flow: str, config: dict, output: str | None, run_id: str | None = 
         conn.execute(sa.delete(db.runs).where(db.runs.c.id == run_id))
         conn.execute(sa.insert(db.runs).values(
             id=run_id, flow=flow, output=output, config=db.dumps(config),
-            config_hash=sha256_json(config), status="running", started=db.now()))
+            config_hash=sha256_json(config), status="running", started=db.now(), owner=process_owner()))
     return run_id
 
 
@@ -40,6 +42,20 @@ def mark_stale_runs_crashed(flow: str | None = None, output: str | None = None) 
         q = q.where(db.runs.c.output == output)
     with db.engine().begin() as conn:
         return conn.execute(q.values(status="crashed", ended=db.now())).rowcount
+
+
+def mark_dead_runs_crashed() -> int:
+    """Runs still `running` whose process (on this host) is gone: any later command calls this,
+    so a killed run does not stay `running` until another run uses its output."""
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.runs.c.id, db.runs.c.owner)
+                            .where(db.runs.c.status == "running", db.runs.c.owner.is_not(None))).all()
+    dead = [r.id for r in rows if owner_alive(r.owner) is False]
+    if not dead:
+        return 0
+    with db.engine().begin() as conn:
+        return conn.execute(sa.update(db.runs).where(db.runs.c.id.in_(dead), db.runs.c.status == "running")
+                            .values(status="crashed", ended=db.now())).rowcount
 
 
 def list_runs(limit: int = 50) -> list[dict]:
@@ -204,8 +220,52 @@ def register_model(name: str, kind: str, path: str, config: dict | None = None, 
         conn.execute(sa.insert(db.models).values(
             id=model_id, name=name, kind=kind, path=str(path), run_id=run_id,
             config=db.dumps(config or {}), metrics=db.dumps(metrics or {}),
-            fingerprint=fingerprint, created=db.now()))
+            fingerprint=fingerprint, created=db.now(), files=db.dumps(model_files(path))))
     return model_id
+
+
+HASHED_MODEL_FILE_BYTES = 1 << 30   # larger files (LLM weights) are checked by size only: hashing costs a load
+
+
+def model_files(path: str | Path) -> dict[str, list]:
+    """{path relative to the model (\"\" for a file model): [bytes, sha256 or None]} of a model as written."""
+    p = Path(path)
+    if p.is_file():
+        items = [("", p)]
+    elif p.is_dir():
+        items = sorted((str(f.relative_to(p)), f) for f in p.rglob("*") if f.is_file())
+    else:
+        return {}
+    out = {}
+    for rel, f in items:
+        size = f.stat().st_size
+        out[rel] = [size, sha256_file(f) if size <= HASHED_MODEL_FILE_BYTES else None]
+    return out
+
+
+class ModelFileChanged(UserError):
+    """A model file is not what quipu wrote."""
+
+
+def verify_model_files(path: str | Path) -> None:
+    """ModelFileChanged (naming the file) if a model the catalog registered at `path` differs in
+    size or sha256 from what was recorded when quipu wrote it; models it did not write pass."""
+    p = Path(path).resolve()
+    with db.engine().connect() as conn:
+        row = conn.execute(sa.select(db.models.c.files).where(db.models.c.path.in_([str(path), str(p)]))
+                           .order_by(db.models.c.created.desc())).first()
+    if row is None or not row.files:
+        return
+    for rel, (size, sha) in json.loads(row.files).items():
+        f = p / rel if rel else p
+        if not f.is_file():
+            raise ModelFileChanged(f"model file {f} is missing (the catalog recorded it when quipu wrote the model)")
+        if f.stat().st_size != size:
+            raise ModelFileChanged(f"model file {f} has {f.stat().st_size:,} bytes, {size:,} when quipu wrote it: "
+                                   "it was changed or cut short; retrain it or restore it")
+        if sha is not None and sha256_file(f) != sha:
+            raise ModelFileChanged(f"model file {f} is not the file quipu wrote (sha256 differs from the catalog's): "
+                                   "retrain it or restore it")
 
 
 def list_models(kind: str | None = None) -> list[dict]:

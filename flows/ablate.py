@@ -32,7 +32,7 @@ from quipu.catalog import registry
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
-from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.catalog.ownership import claim, identity, output_lock, record_written
 from quipu.demo.ablate_mix import RawMixConfig, ensure_mix
 from quipu.flows.config import ConfigError, apply_overrides, format_validation_error, read_yaml
 from quipu.flows.curate import (CurateConfig, PrefectPhases, aggregate_extract, collect, enabled_stages,
@@ -332,6 +332,7 @@ def ablate(config: AblateConfig, overwrite: bool = False) -> dict:
         except BaseException:
             registry.finish_run(run_id, "failed")
             raise
+        record_written(out, owned_entries(config))
         registry.finish_run(run_id, "completed", {k: result[k] for k in ("output", "variants", "seconds")})
     return result
 

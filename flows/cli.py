@@ -13,9 +13,9 @@ import errno
 import os
 import sys
 
-from quipu.catalog.errors import UserError
+from quipu.catalog.errors import UserError, printable
 from quipu.demo import run as demo
-from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, ops, ppl_cli, quality_cli, train_cli
+from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, lifecycle, ops, ppl_cli, quality_cli, train_cli
 from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
@@ -79,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     logging_setup(level)
     args = build_parser().parse_args(argv)
     try:
+        lifecycle.install()   # signals, the temporary Prefect server, servers left by killed commands
+        if args.command != "config":   # a run a killed process left `running` is marked crashed
+            lifecycle.mark_dead_runs_crashed()
         code = int(args.func(args) or 0)
         sys.stdout.flush()   # here, so that a closed pipe is handled below and not at interpreter exit
         return code
     except UserError as e:
-        print(f"quipu: {e}", file=sys.stderr)
+        print(f"quipu: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("quipu: interrupted", file=sys.stderr)
-        return 130
+        print("quipu: interrupted; finished shards are kept, rerun the same command to resume", file=sys.stderr)
+        lifecycle.end_children(wait_s=2.0, keep_server=True)
+        return lifecycle.exit_code(130)
     except BrokenPipeError:
         # the reader went away (`quipu report RUN | head`): stop quietly, as cat would; point stdout
         # at /dev/null so the interpreter's final flush does not raise again
@@ -95,10 +99,46 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as e:
         if e.errno in WRITE_ERRNOS:  # disk full, read-only or forbidden output: say where, no traceback
-            print(f"quipu: cannot write {e.filename or 'output'}: {e.strerror}; earlier outputs are left as they were",
-                  file=sys.stderr)
+            print(f"quipu: cannot write {printable(str(e.filename or written_path(e)))}: {e.strerror}; "
+                  "earlier outputs are left as they were", file=sys.stderr)
             return 1
-        raise
+        return unexpected(e, level)
+    except Exception as e:
+        return unexpected(e, level)
+
+
+def written_path(e: BaseException) -> str:
+    """The file an OSError without `filename` was about (pyarrow's and zstd's writers drop it): the
+    innermost frame's `path`-like local, else 'output'."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    f = tb.tb_frame if tb else None
+    while f is not None:
+        for name in ("path", "tmp", "dest", "target", "where", "filename"):
+            v = f.f_locals.get(name)
+            if isinstance(v, (str, os.PathLike)):
+                return os.fspath(v)
+        f = f.f_back
+    return "output"
+
+
+def unexpected(e: BaseException, level: str) -> int:
+    """A failure no code worded for the user: one line (the traceback goes to the log file), or the
+    traceback with --verbose. Exit 1: the run failed, rerun."""
+    if level == "verbose":
+        raise e
+    import traceback
+    try:
+        log_file().parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file(), "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write("".join(traceback.format_exception(e)))
+    except OSError:
+        pass
+    first = (str(e).strip().splitlines() or [""])[0][:500]
+    print(f"quipu: {type(e).__name__}: {printable(first)} (traceback in {log_file()}; --verbose shows it)",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

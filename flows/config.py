@@ -26,6 +26,55 @@ class ConfigError(UserError, ValueError):
     """A config that cannot be used; the message is meant for the user as it is."""
 
 
+MAX_YAML_VALUES = 100_000   # values a config may expand to, aliases counted at every use
+
+
+def load_yaml(text: str, source: str = "config") -> Any:
+    """yaml.safe_load, refusing documents whose aliases expand past `MAX_YAML_VALUES` values (a 2 KB
+    "billion laughs" file is small as a graph but exponential to validate or print)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_size(node, {}, MAX_YAML_VALUES)
+        if n > MAX_YAML_VALUES:
+            raise ConfigError(f"{source}: its YAML aliases expand to more than {MAX_YAML_VALUES:,} values "
+                              "(an alias bomb?): write the values out, or use fewer aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node, memo: dict, limit: int) -> int:
+    """Values under `node` with every alias expanded; stops counting past `limit`."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = limit + 1   # a cycle counts as too large
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, memo, limit)
+        if total > limit:
+            break
+    memo[key] = total
+    return total
+
+
+def short_repr(value: Any, chars: int = 80) -> str:
+    """repr() of a value from a bounded prefix: nested containers cut before they are formatted."""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple, r.maxset, r.maxstring, r.maxother = 3, 8, 8, 8, 8, chars, chars
+    return r.repr(value)[:chars]
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected dotted.key=value")
@@ -34,7 +83,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"--set {key}") if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({e.problem})") from None
     return key.split("."), value
@@ -57,7 +106,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def format_validation_error(err: ValidationError, source: str = "config", model: type[BaseModel] | None = None) -> str:
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors[:10]:
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
@@ -65,8 +115,10 @@ def format_validation_error(err: ValidationError, source: str = "config", model:
             if model is not None:
                 msg += did_you_mean(model, [str(p) for p in e["loc"]])
         got = e.get("input")
-        got_s = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {got!r:.80})"
+        got_s = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {short_repr(got)})"
         lines.append(f"{source}: {key}: {msg}{got_s}")
+    if len(errors) > 10:
+        lines.append(f"{source}: ... and {len(errors) - 10:,} more errors")
     return "\n".join(lines)
 
 
@@ -75,7 +127,7 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(p.read_text(), str(path)) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -21,7 +21,7 @@ from quipu.catalog import registry
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_file, write_json_atomic
 from quipu.catalog.names import check_name, name_from
-from quipu.catalog.ownership import claim, identity, output_lock
+from quipu.catalog.ownership import claim, identity, output_lock, record_written
 from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
@@ -281,6 +281,7 @@ def _curate_flow(config: CurateConfig, overwrite: bool) -> dict:
                                           config.keep_intermediate, config.keep_work_files)
         summary["disk"] = {**disk_footprint(config.context(), summary), "released": freed}
         write_json_atomic(config.context().summary, summary)
+        record_written(run_dir, owned_entries())
         registry.finish_run(run_id, "completed", {k: v for k, v in summary.items() if k != "config"})
     from quipu.flows.events import curate_completed
     summary["event"] = curate_completed(summary, log)   # quipu.curate.completed: the trigger that trains on it
@@ -365,7 +366,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     curated = write_curated_task(shards, str(config.context().curated), config.curated)
     progress.artifact.done()
     summary = {
-        "run_id": run_id, "output": rd, "inputs": files,
+        "run_id": run_id, "output": rd, "inputs": [readers.source_name(f) for f in files],
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],
         "quarantine_by_reason": reports["extract"]["quarantine_by_reason"],
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],

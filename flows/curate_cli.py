@@ -34,8 +34,9 @@ def cmd_curate(args) -> int:
         raise
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
-    from quipu.catalog.ownership import check_free, check_identity, identity
+    from quipu.catalog.ownership import check_free, check_identity, identity, refuse_output_among_inputs
     run_dir = Path(config.output).resolve()
+    refuse_output_among_inputs(run_dir, config.input, files)
     check_free(run_dir)   # a file, an unwritable folder, another live run into this output
     if not args.overwrite:
         check_identity(run_dir, identity(files, config.model_dump(mode="json"), NOT_IDENTITY), owned_entries())

@@ -108,7 +108,11 @@ def dataset_card(summary: dict, name: str, license: str | None, version: str) ->
     return "\n".join(out)
 
 
-def write_dataset_card(summary: dict, run_dir: str | Path, name: str, license: str | None, version: str) -> Path:
+def write_dataset_card(summary: dict, run_dir: str | Path, name: str, license: str | None, version: str) -> Path | None:
+    """OUT/README.md, unless a README.md of the user's was there before the run: that one stays."""
+    from quipu.catalog.ownership import is_foreign
+    if is_foreign(run_dir, "README.md"):
+        return None
     path = Path(run_dir) / "README.md"
     write_bytes_atomic(path, dataset_card(summary, name, license, version).encode("utf-8"))
     return path

@@ -27,9 +27,12 @@ def say(message: str) -> None:
     """A progress line, unless --quiet: on stderr (stdout stays the command's result; the stream,
     not print(): a flow with `log_prints=True` turns print() into log records) and, inside a flow
     run, in the run's log (the UI). A deployment's run on a worker only logs it: the worker's
-    terminal shows the run's log, so writing it as well would show every line twice."""
+    terminal shows the run's log, so writing it as well would show every line twice. Control
+    characters are escaped (a file name can carry an ESC sequence)."""
     if quiet():
         return
+    from quipu.catalog.errors import printable
+    message = printable(message)
     logger, deployed = _run_logger()
     if logger is not None:
         logger.info(message)
@@ -89,13 +92,34 @@ def logging_setup(level: str) -> None:
         return   # an unwritable home: keep Prefect's defaults
     cfg["handlers"]["file"] = {"level": 0, "class": "logging.FileHandler", "formatter": "standard",
                                "filename": str(path), "delay": True, "encoding": "utf-8"}
-    cfg["root"]["handlers"] = [*cfg["root"]["handlers"], "file"]
+    cfg["root"]["handlers"] = ["file", *cfg["root"]["handlers"]]   # the file first: it keeps the tracebacks
     cfg["handlers"]["console"]["level"] = 0 if level == "verbose" else "WARNING"
+    if level != "verbose":
+        cfg.setdefault("filters", {})["one_line"] = {"()": "quipu.flows.progress.OneLineConsole"}
+        cfg["handlers"]["console"]["filters"] = ["one_line"]
     settings = path.parent / f"logging-{level}.yaml"
     tmp = settings.with_name(f".{settings.name}.{os.getpid()}")
     tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
     os.replace(tmp, settings)
     os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(settings)
+
+
+class OneLineConsole:
+    """The terminal's log filter unless --verbose: a run's failure is said once, as one line, by
+    the CLI (`quipu: ...`), so Prefect's failed-task and failed-flow records with their tracebacks
+    stay in the log file and the UI; any other record is cut to its first line, control characters
+    escaped."""
+
+    def filter(self, record) -> bool:
+        if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and (record.exc_info or record.levelno >= 40):
+            return False
+        msg = record.getMessage()
+        if record.exc_info or record.exc_text or "\n" in msg or "\x1b" in msg:
+            from quipu.catalog.errors import printable
+            first = (msg.strip().splitlines() or [""])[0]
+            more = f" (details in {log_file()})" if record.exc_info or "\n" in msg.strip() else ""
+            record.msg, record.args, record.exc_info, record.exc_text = printable(first) + more, (), None, None
+        return True
 
 
 class StageProgress:

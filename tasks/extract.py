@@ -31,6 +31,7 @@ from quipu.tasks.driver import count_reasons, load_done
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
 import hashlib
+import os
 import sys
 
 STAGE = "extract"
@@ -220,7 +221,7 @@ def _clean_surrogates(text: str) -> str:
 
 def file_key(path: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(path).name)[:60]
-    return f"{stem}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    return f"{stem}-{hashlib.sha1(os.fsencode(path)).hexdigest()[:8]}"
 
 
 def code_version() -> str:
@@ -375,7 +376,7 @@ def unit_key(items: list[Input]) -> str:
         if isinstance(item, readers.FileSlice):
             return f"{file_key(item.path)}-{'b' if item.kind == 'jsonl' else 'rg'}{item.start}"
         return file_key(item)
-    digest = hashlib.sha1("\n".join(items).encode()).hexdigest()[:8]
+    digest = hashlib.sha1(b"\n".join(map(os.fsencode, items))).hexdigest()[:8]
     return f"{file_key(items[0])}-pack{len(items)}-{digest}"
 
 
@@ -388,8 +389,12 @@ def _input_sha(item: Input) -> str:
     if isinstance(item, readers.FileSlice):     # only the bytes the part reads
         return sha256_file(item.path, start=item.first_byte, end=item.last_byte)
     problem = readers.file_problem(item)   # a FIFO or dangling link is never opened, not even to hash it
-    return (sha256_json({"not_read": problem}) if problem else
-            sha256_file(item) if "://" not in item else _remote_fingerprint(item))
+    if problem:
+        return sha256_json({"not_read": problem})
+    try:
+        return sha256_file(item) if "://" not in item else _remote_fingerprint(item)
+    except OSError as e:   # unreadable (EACCES, EIO): the reader quarantines it with the reason; the unit goes on
+        return sha256_json({"not_read": f"{type(e).__name__}: {e.strerror or e}"})
 
 
 def _input_label(item: Input) -> str:
@@ -442,7 +447,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
                     row["text"] = row["text"][:TOO_LARGE_CHARS]
                 out.add(row, reason, nbytes)
             mine = quarantine_rows[q0:]
-            files.append(FileAccount(source=path, part=part.describe() if part else None, input_sha256=sha,
+            files.append(FileAccount(source=readers.source_name(path), part=part.describe() if part else None, input_sha256=sha,
                                      records_read=out.docs - docs0 + len(mine),
                                      documents=out.docs - docs0, kept=out.kept - kept0, quarantined=len(mine),
                                      quarantine_by_reason=_reason_counts(mine), skipped_records=stats.skipped))

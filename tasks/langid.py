@@ -55,6 +55,8 @@ def load_fasttext(path: str):
     import fasttext
     if not os.path.isfile(path):
         raise FileNotFoundError(f"fastText model not found: {path}")
+    from quipu.trainer.model_files import check_fasttext
+    check_fasttext(path)   # layout and a first load in a child: a corrupt file is one line naming it
     fasttext.FastText.eprint = lambda *a, **k: None  # silence the load_model warning
     try:
         return fasttext.load_model(path)

@@ -86,6 +86,8 @@ NOT_A_PHONE = [
     re.compile(r"^\d{1,2}[-./]\d{1,2}[-./]\d{2,4}$"),                 # 15.03.2021
     re.compile(r"^\d{4}\s?-\s?\d{2,4}$"),                             # 1998-2004
     re.compile(r"^\d{1,3}(?:[.,]\d{3})+$"),                           # 1.234.567 (a figure, not 912 345 678)
+    # a range with grouped thousands on either side: 3.000-5.000, 12.500-15.000, 2.003-2.060, 1.234-5.678
+    re.compile(r"^(?:\d{1,3}(?:[.,]\d{3})+\s?[-–]\s?\d+(?:[.,]\d{3})*|\d+(?:[.,]\d{3})*\s?[-–]\s?\d{1,3}(?:[.,]\d{3})+)$"),
     re.compile(r"[.,]\d$"),                                           # 289.6: ends in a decimal
     re.compile(r"^(?:\d\s){3,}"),                                      # 2 1 0 1 4 3 4: a results table
     re.compile(r"^\d{3}\.\d{3}\.\d{3}-\d{2}$"),                          # CPF-shaped (its check digits decide)
@@ -133,9 +135,20 @@ def ip_spans(text: str, public_only: bool) -> list[tuple[int, int]]:
                 ip = ipaddress.IPv6Address(m.group(0))
             except ValueError:
                 continue
-            if not public_only or ip.is_global:
+            if ipv6_like_address(m.group(0)) and (not public_only or ip.is_global):
                 spans.append(m.span())
     return spans
+
+
+def ipv6_like_address(candidate: str) -> bool:
+    """Whether a valid IPv6 string reads as an address, not a time, date, verse or label:value that
+    happens to parse ("December 31::", "10:30::", "Juan 3:16::", "ac::dc", "cafe::"): at least two
+    groups, a decimal digit somewhere, and not only 1-2 digit decimal groups (clock and verse
+    numbers). Real compressed addresses (2001:db8::1, fe80::1, 2a00:1450::200e) all pass."""
+    groups = [g for g in candidate.split(":") if g]
+    if len(groups) < 2 or not any(c.isdigit() for c in candidate):
+        return False
+    return not all(g.isdigit() and len(g) <= 2 for g in groups)
 
 
 def cpf_valid(digits: str) -> bool:
@@ -160,6 +173,8 @@ def id_spans(text: str) -> list[tuple[int, int]]:
         spans += [m.span(1) for m in CPF_LABELLED.finditer(text) if cpf_valid(m.group(1))]
     for m in DNI.finditer(text):
         n = m.group(1).replace(".", "")
+        if m.group(2).islower() and text[m.start(2) - 1] == " ":
+            continue   # "10.200.000 y más", "3.000.000 e 4": a figure and a one-letter word, not a DNI
         if free(m) and len(n) == 8 and DNI_LETTERS[int(n) % 23] == m.group(2).upper():
             spans.append(m.span())
     for m in NIE.finditer(text):

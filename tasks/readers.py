@@ -44,6 +44,7 @@ accounting standard needs every record counted.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -56,6 +57,7 @@ from typing import Any, Iterator
 
 import fsspec
 
+from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_blocks
 from quipu.tasks.records import (CHUNK, KNOWN_FIELDS, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits,
                                  ReadStats, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
@@ -94,7 +96,12 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     """
     files: list[str] = []
     for pattern in patterns:
-        fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        try:
+            fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        except ImportError as e:   # s3://, gs://, ... without the fsspec backend installed
+            raise UserError(f"input {pattern}: {e.msg or e}".rstrip(".") + "; install it or copy the files locally") from None
+        except (ValueError, OSError) as e:   # an unknown protocol, bad credentials, an unreachable host
+            raise UserError(f"input {pattern}: cannot be listed ({type(e).__name__}: {e})") from None
         is_local = fs.protocol in ("file", ("file", "local")) or "file" in getattr(fs, "protocol", ())
         if is_local:
             matched = [p for p in paths if os.path.lexists(p) and not os.path.isdir(p)]
@@ -114,9 +121,19 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
+def source_name(path: str) -> str:
+    """The path as recorded (quarantine `source`, reports, catalog): itself, or for a name whose
+    bytes are not UTF-8 (the OS gives them as surrogate escapes) the bytes shown as `\\xNN`."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def file_problem(path: str) -> str | None:
-    """Why a local path must not be opened (not a regular file), or None. Never blocks: a FIFO is
-    only stat'ed, not opened."""
+    """Why a local path must not be opened (not a regular file), or None.
+    Never blocks: a FIFO is only stat'ed, not opened."""
     local = _local(path)
     if local is None:
         return None
@@ -183,7 +200,7 @@ def plan_slices(path: str, part_bytes: int) -> list[FileSlice] | None:
             return None
     except (OSError, ValueError):
         return None
-    return slices if len(slices) > 1 else None
+    return slices if slices and len(slices) > 1 else None
 
 
 def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
@@ -210,8 +227,36 @@ def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
     return [FileSlice(path, "jsonl", c, e, before, c, e) for (c, before), e in zip(cuts, ends)]
 
 
-def _parquet_slices(path: str, part_bytes: int) -> list[FileSlice]:
+MAX_PARQUET_FOOTER_BYTES = 64 << 20   # real footers are KBs to a few MB; pyarrow reads the declared size whole
+
+
+def parquet_footer_problem(path: str) -> str | None:
+    """Why a parquet file's footer must not be read (a declared length beyond the file or the
+    cap: a sparse file can declare 4 GB that pyarrow would allocate), or None; reads 8 bytes."""
+    try:
+        with fsspec.open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size < 12:
+                return f"not a parquet file: {size} bytes"
+            fh.seek(size - 8)
+            tail = fh.read(8)
+    except OSError as e:
+        return f"cannot read file: {type(e).__name__}: {e.strerror or e}"
+    if tail[4:] != b"PAR1":
+        return "not a parquet file: no PAR1 magic at the end (truncated, or another format)"
+    declared = int.from_bytes(tail[:4], "little")
+    if declared > size - 12:
+        return f"corrupt parquet footer: it declares {declared:,} bytes, the file has {size:,}"
+    if declared > MAX_PARQUET_FOOTER_BYTES:
+        return (f"parquet footer of {declared:,} bytes is over the {MAX_PARQUET_FOOTER_BYTES >> 20} MiB read cap "
+                "(metadata that large is not a data file written by a normal tool)")
+    return None
+
+
+def _parquet_slices(path: str, part_bytes: int) -> list[FileSlice] | None:
     import pyarrow.parquet as pq
+    if parquet_footer_problem(path):
+        return None   # read_parquet quarantines it with the reason
     meta = pq.ParquetFile(_local(path)).metadata
     groups = []        # (first byte, last byte + 1, rows) per row group
     for g in range(meta.num_row_groups):
@@ -238,13 +283,20 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
     file's time budget cut."""
     problem = file_problem(path)
     if problem:
-        yield Quarantined(path, "file", problem)
+        yield Quarantined(source_name(path), "file", problem)
         return
     kind = reader_kind(path)
     size = file_size(path)
     if size == 0:  # most often a failed download or copy: say so rather than read nothing
-        yield Quarantined(path, "file", "empty file (0 bytes)")
-        return
+        try:   # ... unless it cannot be read at all, or is a /proc-like file whose size says nothing
+            with fsspec.open(path, "rb") as fh:
+                has_bytes = bool(fh.read(1))
+        except OSError as e:
+            yield Quarantined(source_name(path), "file", f"cannot read file: {type(e).__name__}: {e.strerror or e}")
+            return
+        if not has_bytes:
+            yield Quarantined(source_name(path), "file", "empty file (0 bytes)")
+            return
     if kind == "warc":
         items = read_warc(path, stats, limits)
     elif kind == "jsonl":
@@ -252,17 +304,28 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
     elif kind == "parquet":
         items = read_parquet(path, limits=limits, part=part)
     else:
-        yield Quarantined(path, "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
+        yield Quarantined(source_name(path), "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
         return
+    name = source_name(path)
+    if name != path:   # a name whose bytes are not UTF-8: opened by its bytes, recorded escaped
+        items = (dataclasses.replace(it, source=name) for it in items)
     deadline = time.monotonic() + limits.max_file_seconds
     last = "file"
-    for item in items:
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            break
+        except OSError as e:   # EACCES, EIO, a file removed or cut while read: this file stops here, the run goes on
+            where = "file" if last == "file" else f"after {last}"
+            yield Quarantined(name, where, f"cannot read file: {type(e).__name__}: {e.strerror or e}")
+            return
         last = item.offset if isinstance(item, RawRecord) else item.record
         yield item
         if time.monotonic() > deadline:
             items.close()
             where = f"after {last}" if last.startswith("line ") else last
-            yield Quarantined(path, where,
+            yield Quarantined(name, where,
                               f"time budget exceeded: reading stopped after {limits.max_file_seconds:g} s "
                               f"(extract.max_file_seconds); the rest of the {'file' if part is None else f'part ({part.describe()})'} was not read")
             return
@@ -547,6 +610,10 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    problem = parquet_footer_problem(path)
+    if problem:
+        yield Quarantined(path, "file", problem)
+        return
     try:
         fh = fsspec.open(path, "rb").open()
         pf = pq.ParquetFile(fh)

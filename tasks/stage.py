@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.catalog.files import atomic_path, sha256_file
+from quipu.catalog.files import atomic_path, sha256_file, with_path
 from quipu.tasks.schema import with_reason
 
 QUIPU_VERSION = "0.1.0"
@@ -247,6 +247,12 @@ class ShardWriter:
         return self._writer is not None
 
     def write(self, table: pa.Table) -> None:
+        try:
+            self._write(table)
+        except OSError as e:   # disk full: name the shard (pyarrow's error does not)
+            raise with_path(e, self.path) from e
+
+    def _write(self, table: pa.Table) -> None:
         if self._writer is None:
             self.schema = self.schema or table.schema
             self._writer = pq.ParquetWriter(self._tmp, self.schema, **PARQUET_OPTIONS)
@@ -262,7 +268,10 @@ class ShardWriter:
             if self.schema is None:
                 raise ValueError(f"no schema for empty shard {self.path}")
             self._writer = pq.ParquetWriter(self._tmp, self.schema, **PARQUET_OPTIONS)
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as e:   # the last flush on a full disk: name the shard
+            raise with_path(e, self.path) from e
         self._ctx.__exit__(None, None, None)
         return Shard(name=self.path.stem, path=str(self.path), sha256=sha256_file(self.path),
                      rows=self.rows, bytes=self.path.stat().st_size)

@@ -160,6 +160,7 @@ def test_disk_full_fails_clearly_and_keeps_earlier_outputs(prefect_server, tmp_p
     rc = main(["curate", str(_config(tmp_path)), "--input", str(big), "--output", str(out2)])
     err = capsys.readouterr().err
     assert rc == 1 and "No space left on device" in err and "Traceback" not in err
+    assert f"quipu: cannot write {out2}/" in err, err   # the path (issue 32: pyarrow's error had none)
     assert {p: sha256_file(p) for p in (out / "curated").glob("*.parquet")} == before
     assert not list(out.rglob(".tmp-*")) and not list(out2.rglob(".tmp-*"))
 

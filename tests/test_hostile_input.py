@@ -367,3 +367,241 @@ def build_hostile_corpus(d: Path) -> dict[str, dict]:
     exp["pipe.jsonl"] = {"records": 1, "quarantine_at": {"file": "named pipe (FIFO)"}}
     exp["dangling.jsonl"] = {"records": 1, "quarantine_at": {"file": "dangling symbolic link"}}
     return exp
+
+
+# ---- issue 32: per-file isolation to the end ------------------------------------------------------
+
+def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path):
+    """A file that exists but cannot be opened (as root: a link to /proc/1/environ; else a mode-000
+    file) failed the run in sha256_file; a name with non-UTF-8 bytes failed it in unit_key. Now the
+    first is one quarantine row naming the file and the error, the second is read by its bytes and
+    recorded with the bytes escaped; the unit's other file is read."""
+    from quipu.tasks.extract import extract_unit
+    folder = tmp_path / "in"
+    folder.mkdir()
+    good = folder / "good.jsonl"
+    good.write_bytes(b"".join(jline(i) for i in range(3)))
+    odd = os.fsdecode(bytes(folder) + b"/odd-\xff\xfe-name.jsonl")
+    Path(odd).write_bytes(b"".join(jline(i) for i in range(10, 12)))
+    locked = folder / "locked.jsonl"
+    if os.geteuid() == 0:
+        locked.symlink_to("/proc/1/environ")
+        try:
+            open(locked, "rb").close()
+            pytest.skip("/proc/1/environ is readable here: no unreadable file to test with as root")
+        except PermissionError:
+            pass
+    else:
+        locked.write_bytes(jline(99))
+        locked.chmod(0)
+    files = expand_inputs([str(folder)])
+    assert odd in files
+    result = extract_unit(files, tmp_path / "out", ExtractConfig()).model_dump()
+    check_accounting(result)
+    by_source = {f["source"]: f for f in result["files"]}
+    escaped = str(folder) + "/odd-\\xff\\xfe-name.jsonl"
+    assert by_source[escaped]["documents"] == 2 and by_source[str(good)]["documents"] == 3
+    assert by_source[str(locked)]["quarantined"] == 1
+    q = pq.read_table(tmp_path / "out" / "quarantine").to_pylist()
+    assert [(r["source"], r["record"]) for r in q] == [(str(locked), "file")]
+    assert q[0]["reason"].startswith("cannot read file: PermissionError")
+    kept = pq.read_table(tmp_path / "out" / "extract").column("source").to_pylist()
+    assert escaped in kept   # the name is stored escaped: valid UTF-8 everywhere
+
+
+# ---- issue 32: memory from declared sizes ---------------------------------------------------------
+
+@pytest.mark.parametrize("declared_gb", [1])   # 4 GB: the same check, and 4 GB of zeros to hash
+def test_sparse_parquet_declaring_a_huge_footer_is_refused_unread(tmp_path, declared_gb):
+    """A sparse file: PAR1, a hole, then a footer length of 1 or 4 GB and PAR1. pyarrow allocated
+    the declared footer whole (4 GB footer: 4.7 GB RSS). Now the 8 tail bytes are checked first:
+    one quarantine row, memory flat, the run goes on (the same file goes through pack_inputs,
+    which would plan row-group slices for a file this size)."""
+    path = tmp_path / "sparse.parquet"
+    declared = min(declared_gb << 30, (1 << 32) - 1)
+    with open(path, "wb") as fh:
+        fh.write(b"PAR1")
+        fh.seek(declared + 4)
+        fh.write(declared.to_bytes(4, "little") + b"PAR1")
+    out = run_child(f"""
+from quipu.tasks.extract import ExtractConfig, extract_unit, pack_inputs
+units = pack_inputs([{str(path)!r}], 64 << 20)
+r = extract_unit(units[0], {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
+out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quarantine_by_reason')}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["records_read"] == 1 and out["quarantined"] == 1, out
+    reason = next(iter(out["quarantine_by_reason"]))
+    assert "parquet footer" in reason and "cap" in reason, reason
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [es, pt, en, es, pt, en, es, pt, en, es]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return "x-anchors:\n" + "".join(f"  {line}\n" for line in lines) + f"langid:\n  languages: *a{levels}\n"
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """A 600-byte YAML whose aliases expand to 10^10 values inside langid.languages: > 4 GB in 57 s
+    with no message (validating and formatting the expanded value). Now refused at once, one line;
+    an ordinary config with a few aliases still loads."""
+    import time
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb.yaml: its YAML aliases expand to more than 100,000 values"):
+        load_config(CurateConfig, path)
+    with pytest.raises(ConfigError, match=r"--set langid.languages: its YAML aliases expand"):
+        load_config(CurateConfig, None, ["langid.languages=" + "{a: &a [x,x,x,x,x,x,x,x,x,x], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                         "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+                                         "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"])
+    assert time.perf_counter() - t0 < 5
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("langid:\n  languages: &langs [es, pt, en]\n")
+    assert load_config(CurateConfig, ok).langid.languages == ["es", "pt", "en"]
+
+
+def test_config_error_formats_a_large_value_from_a_bounded_prefix(tmp_path):
+    """Under the alias limit a value can still be large (here 18,000 nested values where a string
+    list is expected): the message shows a bounded prefix of it, and at most 11 lines."""
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate import CurateConfig
+    path = tmp_path / "big.yaml"
+    path.write_text("langid:\n  languages: [" + ", ".join(["[[1, 2, 3], [4, 5, 6]]"] * 2_000) + "]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(CurateConfig, path)
+    lines = str(e.value).splitlines()
+    assert "langid.languages" in lines[0] and max(map(len, lines)) < 400 and len(lines) <= 11, lines
+
+
+# ---- issue 32: hostile model files ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_quality_model(tmp_path_factory) -> Path:
+    """A tiny fastText classifier trained here on the probe texts (0.3 s)."""
+    import random
+    from quipu.trainer.model_files import PROBE
+    from quipu.trainer.quality_train import FastTextParams, train_model
+    d = tmp_path_factory.mktemp("ftmodel")
+    rng = random.Random(0)
+    with open(d / "train.txt", "w") as f:
+        for _ in range(200):
+            f.write("__label__hq " + rng.choice(PROBE[:4]).lower() + "\n")
+            f.write("__label__lq " + rng.choice(PROBE[4:]).lower() + "\n")
+    train_model(str(d / "train.txt"), FastTextParams(dim=16, bucket=2000, epoch=5, lr=0.1, wordNgrams=1, minCount=1),
+                1, str(d / "q.bin"))
+    return d / "q.bin"
+
+
+def _layout(path: Path) -> dict:
+    """Offsets of a dense supervised fastText file: header ints, input matrix shape, its weights."""
+    import struct
+    data = path.read_bytes()
+    n_entries = struct.unpack_from("<i", data, 64)[0]   # after magic, version, 12 int args, a double
+    pos = 92
+    for _ in range(n_entries):
+        pos = data.index(b"\0", pos) + 1 + 9
+    return {"input_mn": pos + 1, "input_data": pos + 17, "size": len(data)}
+
+
+def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in_one_line(tmp_path, small_quality_model):
+    """A fastText header with one integer changed aborted the process (`free(): invalid next
+    size`) mid-run; a truncated one loaded and scored everything ~0.5. Now the layout is checked
+    against the file before the native loader sees it: one error naming the file."""
+    import struct
+    from quipu.trainer.model_files import fasttext_problem
+    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    data = small_quality_model.read_bytes()
+    assert fasttext_problem(str(small_quality_model)) is None
+    from quipu.tasks.langid import default_model_path
+    assert fasttext_problem(default_model_path()) is None          # the shipped, quantized LID model
+    cases = {"dim": (8, 4000), "bucket": (40, 200_000), "nwords": (68, 10_000), "input rows": (_layout(small_quality_model)["input_mn"], 10 ** 6)}
+    for name, (offset, value) in cases.items():
+        bad = bytearray(data)
+        struct.pack_into("<q" if name == "input rows" else "<i", bad, offset, value)
+        path = tmp_path / f"{name.replace(' ', '_')}.bin"
+        path.write_bytes(bytes(bad))
+        with pytest.raises(QualityModelError, match=f"{path}: ") as e:
+            load_quality_model(str(path), "hq")
+        assert "\n" not in str(e.value), name
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    with pytest.raises(QualityModelError, match=f"{cut}: truncated"):
+        load_quality_model(str(cut), "hq")
+
+
+def test_quality_model_with_constant_scores_fails_the_precheck(tmp_path, small_quality_model):
+    """A consistent file whose weights say nothing (here the input vectors zeroed: every text gets
+    the same score) would keep or remove everything alike; the probe set catches it."""
+    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    lay = _layout(small_quality_model)
+    data = bytearray(small_quality_model.read_bytes())
+    m, n = struct_unpack_qq(data, lay["input_mn"])
+    data[lay["input_data"]: lay["input_data"] + m * n * 4] = bytes(m * n * 4)
+    flat = tmp_path / "flat.bin"
+    flat.write_bytes(bytes(data))
+    with pytest.raises(QualityModelError, match=f"quality model {flat} gives every probe text the same score"):
+        load_quality_model(str(flat), "hq")
+    assert load_quality_model(str(small_quality_model), "hq").score(["a fine sentence."])   # the real one loads
+
+
+def struct_unpack_qq(data, offset):
+    import struct
+    return struct.unpack_from("<qq", data, offset)
+
+
+def test_a_loader_crash_is_one_line_naming_the_file(tmp_path, monkeypatch, small_quality_model):
+    """Whatever the layout check misses and the native loader dies on is a crash of the child, not
+    of quipu: one line naming the file and the signal."""
+    import quipu.trainer.model_files as mf
+    monkeypatch.setattr(mf, "fasttext_problem", lambda path: None)
+    bad = tmp_path / "abort.bin"
+    bad.write_bytes(small_quality_model.read_bytes())
+    monkeypatch.setattr(mf.sys, "executable", str(tmp_path / "python"))
+    (tmp_path / "python").write_text("#!/bin/sh\nkill -ABRT $$\n")
+    (tmp_path / "python").chmod(0o755)
+    with pytest.raises(mf.ModelFileError, match=rf"fastText model {bad} crashed the fastText loader \(SIGABRT\)"):
+        mf.check_fasttext(str(bad), "__label__hq")
+
+
+@pytest.mark.slow   # ~25 s: a child that imports torch and transformers
+def test_student_config_declaring_the_largest_arch_beside_tiny_weights_allocates_nothing(tmp_path):
+    """A student whose config.json declares the largest allowed architecture next to a tiny
+    model.safetensors took > 5 GB in the pre-check (the model was built before the weights were
+    compared). Now the header's shapes are compared with the arch built on the meta device first:
+    one StudentError naming the file, memory flat."""
+    out = run_child(f"""
+import json
+from pathlib import Path
+from safetensors.torch import save_file
+from quipu.trainer.wayra import CONFIG_FILE, FORMAT, TOKENIZER_FILE, WEIGHTS_FILE, StudentError, WayraArch, WayraModel, WayraStudent
+d = Path({str(tmp_path / 'student')!r}); d.mkdir()
+tiny = WayraArch(vocab_size=320, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=48)
+save_file(WayraModel(tiny).state_dict(), str(d / WEIGHTS_FILE))
+big = {{**tiny.model_dump(), "vocab_size": 65536, "d_model": 2048, "n_layers": 24, "n_heads": 32, "d_ff": 8192, "max_len": 4096}}
+(d / CONFIG_FILE).write_text(json.dumps({{"format": FORMAT, "arch": big, "label_mean": 0.0, "label_std": 1.0}}))
+(d / TOKENIZER_FILE).write_text("{{}}")
+try:
+    WayraStudent.load(d)
+    out = {{"error": None}}
+except StudentError as e:
+    out = {{"error": str(e)}}
+""")
+    assert out["rss_mb"] < RSS_BOUND_MB, out
+    assert out["error"] and "does not match its config's arch" in out["error"] and "model.safetensors" in out["error"], out
+
+
+def test_kenlm_model_is_first_loaded_in_a_child(tmp_path):
+    """KenLM files get the same first load in a child process: a file it cannot read is one line
+    naming it (a file it would abort on costs the child, not the run: as in the fastText test)."""
+    from quipu.trainer.model_files import ModelFileError, check_kenlm
+    arpa = tmp_path / "tiny.arpa"
+    arpa.write_text("\\data\\\nngram 1=4\nngram 2=2\n\n\\1-grams:\n-1.0\t<unk>\t0\n-99\t<s>\t-0.3\n-0.5\t</s>\t0\n"
+                    "-0.6\tword\t-0.2\n\n\\2-grams:\n-0.2\t<s> word\n-0.3\tword </s>\n\n\\end\\\n")
+    check_kenlm(str(arpa))
+    cut = tmp_path / "cut.arpa"
+    cut.write_text(arpa.read_text()[:40])
+    with pytest.raises(ModelFileError, match=rf"KenLM model {cut} cannot be loaded: "):
+        check_kenlm(str(cut))

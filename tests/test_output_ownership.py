@@ -153,3 +153,59 @@ def test_killed_run_is_marked_crashed_on_the_next_start(tmp_path, prefect_server
     r = _curate("--input", str(a), "--output", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert registry.get_run(stale)["status"] == "crashed"
+
+
+# ---- issue 32: --overwrite removes only what quipu wrote; no output inside the inputs -------------
+
+def test_overwrite_removes_only_what_earlier_runs_wrote(tmp_path):
+    """A README.md and a lines/notes.txt the user kept in the output folder were deleted by
+    --overwrite (it removed the owned entries whole). Now it removes the files the manifest lists
+    (a finished run) or the files that were not there before a killed run began."""
+    from quipu.catalog.ownership import MANIFEST_NAME, record_written
+    out = tmp_path / "out"
+    owned = ["extract", "lines", "curated", "run.json", "README.md"]
+    (out / "lines").mkdir(parents=True)
+    (out / "README.md").write_text("my notes about this folder")
+    (out / "lines" / "notes.txt").write_text("mine")
+    ident_a, ident_b = identity(["a.jsonl"], {"x": 1}), identity(["b.jsonl"], {"x": 1})
+    claim(out, ident_a, owned, overwrite=True)   # files but no identity: refused without --overwrite
+    assert (out / "README.md").exists() and (out / "lines" / "notes.txt").exists()
+    for rel in ("extract/part-0.parquet", "lines/part-0.parquet", "curated/part-0.parquet", "run.json"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(b"quipu's")
+    record_written(out, owned)
+    (out / "curated" / "later.txt").write_text("the user's, added after the run")
+    claim(out, ident_b, owned, overwrite=True)
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not p.name.startswith(".quipu"))
+    assert left == ["README.md", "curated/later.txt", "lines/notes.txt"], left
+    assert not (out / "extract").exists()            # emptied by the overwrite: removed
+    # a killed run (no record_written): what it wrote goes, what was there before it stays
+    (out / "extract").mkdir()
+    (out / "extract" / "part-1.parquet").write_bytes(b"quipu's, killed")
+    claim(out, identity(["c.jsonl"], {"x": 1}), owned, overwrite=True)
+    assert not (out / "extract" / "part-1.parquet").exists()
+    assert (out / "README.md").read_text() == "my notes about this folder" and (out / "lines" / "notes.txt").exists()
+    assert json.loads((out / MANIFEST_NAME).read_text())["foreign"] == ["README.md", "curated/later.txt", "lines/notes.txt"]
+
+
+def test_output_inside_the_inputs_is_refused_whatever_the_flags(tmp_path):
+    """An output folder inside the input folder made --overwrite ingest the run's own outputs (29
+    spurious quarantine rows). Now refused in one line, with or without --overwrite."""
+    from quipu.catalog.errors import UserError
+    from quipu.catalog.ownership import refuse_output_among_inputs
+    a = _inputs(tmp_path, "a", 5, n=3)
+    folder = a.parent
+    for patterns, files in (([str(folder)], [str(a)]), ([f"{folder}/**/*.jsonl"], [str(a)]),
+                            ([str(a), str(folder / "out" / "x.jsonl")], [str(a), str(folder / "out" / "x.jsonl")])):
+        with pytest.raises(UserError, match="output .* is inside the input"):
+            refuse_output_among_inputs(folder / "out", patterns, files)
+    refuse_output_among_inputs(tmp_path / "elsewhere", [str(folder)], [str(a)])   # beside the inputs: fine
+    refuse_output_among_inputs(folder / "out", [f"{folder}/*.jsonl"], [str(a)])    # a flat glob cannot reach it
+
+
+@pytest.mark.slow
+def test_curate_refuses_an_output_inside_its_input_in_one_line(tmp_path):
+    folder = _inputs(tmp_path, "a", 5, n=3).parent
+    r = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(folder),
+                        "--output", str(folder / "out"), "--overwrite"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "inside the input" in r.stderr, r.stderr

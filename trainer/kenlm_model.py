@@ -151,6 +151,11 @@ class KenLMScorer:
         if meta.get("normalization", NORMALIZATION_VERSION) != NORMALIZATION_VERSION:
             raise KenLMError(f"KenLM model {self.path} was trained with normalisation "
                              f"{meta.get('normalization')!r}, this code uses {NORMALIZATION_VERSION!r}")
+        from quipu.trainer.model_files import ModelFileError, check_kenlm
+        try:   # a first load in a child: KenLM aborts the process on some corrupt files
+            check_kenlm(str(self.path))
+        except ModelFileError as e:
+            raise KenLMError(str(e)) from None
         import kenlm
         try:
             self.model = kenlm.Model(str(self.path))

@@ -29,11 +29,14 @@ def looks_like_path(ref: str, suffixes: tuple[str, ...] = ()) -> bool:
 
 def resolve_model(kind: str, ref: str | None, key: str, suffixes: tuple[str, ...] = ()) -> str:
     """The path of the model `ref` names. `key` is the config key, for the error message."""
-    if ref and looks_like_path(ref, suffixes):
-        return os.path.abspath(os.path.expanduser(ref))
     from quipu.catalog import registry
+    if ref and looks_like_path(ref, suffixes):
+        path = os.path.abspath(os.path.expanduser(ref))
+        registry.verify_model_files(path)   # a model quipu wrote: as it was written
+        return path
     row = registry.get_model(ref, kind)
     if row is not None:
+        registry.verify_model_files(row["path"])
         return row["path"]
     if ref:
         raise ModelNotFound(f"{key}: {ref!r} is neither a file nor a `{kind}` model in the catalog")

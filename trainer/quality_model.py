@@ -76,6 +76,11 @@ class QualityModel:
             raise QualityModelError(f"quality model sidecar {sidecar} is unreadable: {e}") from None
         self.positive = "__label__" + (positive_label or meta.get("positive_label") or POSITIVE)
         self.sha256 = sha256_file(self.path)
+        from quipu.trainer.model_files import ModelFileError, check_fasttext
+        try:   # layout, a load in a child process (a crash there is one line), the probe set's scores
+            check_fasttext(self.path, self.positive)
+        except ModelFileError as e:
+            raise QualityModelError(str(e)) from None
         import fasttext
         fasttext.FastText.eprint = lambda *a, **k: None   # the load_model deprecation warning
         try:

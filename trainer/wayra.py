@@ -215,6 +215,26 @@ def load_teacher_layers(body: nn.Module, teacher_lm: nn.Module, n_layers: int) -
         raise StudentError(f"the teacher's first {n_layers} layers do not fit the student body: {str(e)[:300]}") from None
 
 
+def check_weight_shapes(path: Path, arch: "WayraArch") -> None:
+    """StudentError unless the safetensors file holds exactly the tensors `arch` declares, with
+    their shapes: read from the file's header and from the model built on the meta device, so a
+    config declaring the largest architecture beside tiny weights allocates nothing."""
+    from safetensors import safe_open
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in WayraModel(arch).state_dict().items()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:
+        raise StudentError(f"student model {path} is not a readable safetensors file: {str(e)[:200]}") from None
+    if got != expected:
+        diff = sorted(set(got) ^ set(expected)) or [k for k in expected if got[k] != expected[k]]
+        k = diff[0]
+        raise StudentError(f"student model {path} does not match its config's arch: {k} is "
+                           f"{got.get(k, 'missing')}, the arch says {expected.get(k, 'no such tensor')} "
+                           f"({len(diff)} tensor(s) differ)")
+
+
 class Block(nn.Module):
     def __init__(self, a: WayraArch):
         super().__init__()
@@ -459,6 +479,7 @@ class WayraStudent:
         expected = cfg.get("weights_sha256")
         if expected and sha256_file(d / WEIGHTS_FILE) != expected:
             raise StudentError(f"student model {d / WEIGHTS_FILE} is corrupt (hash differs from config.json)")
+        check_weight_shapes(d / WEIGHTS_FILE, arch)   # before any allocation the arch declares
         try:
             state = load_file(str(d / WEIGHTS_FILE))
             model = WayraModel(arch)

@@ -1,0 +1,170 @@
+"""Issue 32, signals and the temporary Prefect server: SIGINT / SIGTERM end a command within 10 s with
+130 / 143 (a second signal at once), finished work and the output lock are left as they should be,
+and no Prefect server outlives the command that started it, even a SIGKILLed one."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quipu.catalog.ownership import OutputInUse, check_free
+from tests.conftest import ROOT, start_prefect_server
+from tests.textgen import make_docs, write_jsonl
+
+CONFIG = "configs/curate/demo.yaml"
+LIGHT = ["--set", "dedup.backend=none", "--set", "decontam.enabled=false"]
+END_WITHIN_S = 10
+
+
+def _child(code: str) -> subprocess.Popen:
+    """A Python child with quipu's handlers installed that prints READY, then runs `code`."""
+    prog = ("import sys, time\nsys.path.insert(0, %r)\nfrom quipu.flows import lifecycle\n"
+            "lifecycle.install_signal_handlers()\nprint('READY', flush=True)\n" % str(ROOT)) + code
+    proc = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+    time.sleep(0.3)   # into `code`'s loop
+    return proc
+
+
+def test_a_command_that_ignores_the_interrupt_still_ends_within_the_grace_time():
+    """Code that swallows KeyboardInterrupt (a client retrying a dead API did this) cannot keep the
+    process: it ends GRACE_S after SIGTERM with 143; a second SIGINT ends another at once with 130."""
+    from quipu.flows.lifecycle import GRACE_S
+    stubborn = "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass\n"
+    # with a process of its own (an extraction child, a Dask worker): it does not outlive the command
+    proc = _child("import subprocess\nc = subprocess.Popen(['sleep', '300'])\nprint(c.pid, flush=True)\n" + stubborn)
+    child = int(proc.stdout.readline())
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(END_WITHIN_S) == 143
+    assert GRACE_S - 0.5 <= time.monotonic() - t0 < END_WITHIN_S
+    assert "SIGTERM: stopping" in proc.stderr.read()
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or ") Z" in Path(f"/proc/{child}/stat").read_text()
+
+    proc = _child(stubborn)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(END_WITHIN_S) == 130
+    assert time.monotonic() - t0 < 2.5   # at once, not after the grace time
+
+
+def _start_curate(tmp_path: Path, env: dict, n_docs: int = 4000) -> tuple[subprocess.Popen, Path]:
+    inp = write_jsonl(tmp_path / "in" / "a.jsonl", make_docs(n_docs, seed=4))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(inp),
+                             "--output", str(out)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, out
+
+
+def _wait_for_work(proc: subprocess.Popen, out: Path, timeout: float = 240) -> None:
+    """Until the run holds its output lock (the flow has started its stages)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        try:
+            check_free(out)
+        except OutputInUse:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the run never took its output lock")
+
+
+@pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, True),
+                                                 pytest.param(signal.SIGTERM, 143, False, marks=pytest.mark.slow)])
+def test_curate_ends_within_10_s_on_sigint_to_the_group_or_sigterm_to_the_pid(tmp_path, prefect_server, sig, code, to_group):
+    """Ctrl-C (SIGINT to the process group) and SIGTERM to the main pid, mid-run: exit 130 / 143
+    within 10 s (before: 45 s and more, then kill -9), the output lock released, the run no longer
+    `running` in the catalog, no process of the run left, no temporary file left as a shard."""
+    proc, out = _start_curate(tmp_path, dict(os.environ))
+    _wait_for_work(proc, out)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    if to_group:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+    try:
+        rc = proc.wait(END_WITHIN_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = proc.stderr.read()
+    assert rc == code, err[-3000:]
+    assert time.monotonic() - t0 < END_WITHIN_S
+    assert "Traceback" not in err, err[-3000:]
+    check_free(out)   # the lock is free: a rerun may start
+    from quipu.catalog import registry
+    run = registry.get_run(str(out))
+    assert run is None or run["status"] != "running", run
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+
+
+@pytest.mark.slow
+def test_sigkilled_run_leaves_no_prefect_server_and_is_marked_crashed(tmp_path):
+    """Without PREFECT_API_URL the run starts Prefect's temporary server. SIGKILL of the main pid
+    left it running (PPID 1, ~230 MB) for good. Now it ends itself within seconds; the next quipu
+    command (any command) drops its record and marks the killed run `crashed`."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(QUIPU_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    proc, out = _start_curate(tmp_path, env, n_docs=3000)
+    _wait_for_work(proc, out, timeout=300)
+    catalog = sqlite3.connect(tmp_path / "home" / "catalog.db", timeout=30)
+    deadline = time.time() + 60
+    while not catalog.execute("select 1 from runs where status = 'running'").fetchall():
+        assert time.time() < deadline and proc.poll() is None, "the run was never registered"
+        time.sleep(0.2)
+    records = list((tmp_path / "home" / "servers").glob("*.json"))
+    assert len(records) == 1, records
+    server = json.loads(records[0].read_text())["pid"]
+    assert Path(f"/proc/{server}").exists()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.time() + 10
+    while Path(f"/proc/{server}").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{server}").exists(), "the temporary Prefect server outlived its parent"
+    r = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "catalog", "ls", "runs"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert catalog.execute("select status from runs").fetchall() == [("crashed",)], r.stdout
+    assert list((tmp_path / "home" / "servers").glob("*.json")) == []
+
+
+def test_orphan_server_record_is_reaped_by_the_next_command(tmp_path):
+    """The fallback for a server that did not end itself: a recorded server whose parent is gone is
+    ended by the next command (here a stand-in process recorded by a parent that has exited)."""
+    from quipu.catalog.processes import process_start
+    from quipu.flows import lifecycle
+    stand_in = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    parent = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_parent = f"{os.uname().nodename}:{parent.stdout.strip()}:0"
+    home = tmp_path / "home"
+    (home / "servers").mkdir(parents=True)
+    (home / "servers" / f"{stand_in.pid}.json").write_text(json.dumps(
+        {"pid": stand_in.pid, "start": process_start(stand_in.pid), "parent": dead_parent}))
+    alive = subprocess.Popen(["sleep", "300"], start_new_session=True)   # recorded by a live parent: kept
+    (home / "servers" / f"{alive.pid}.json").write_text(json.dumps(
+        {"pid": alive.pid, "start": process_start(alive.pid), "parent": lifecycle.process_owner()}))
+    old = os.environ.get("QUIPU_HOME")
+    os.environ["QUIPU_HOME"] = str(home)
+    try:
+        assert lifecycle.reap_orphan_servers() == [stand_in.pid]
+    finally:
+        os.environ["QUIPU_HOME"] = old
+    stand_in.wait(5)   # (reaped already by reap_orphan_servers, which ended it: its status is gone)
+    assert not Path(f"/proc/{stand_in.pid}").exists()
+    assert alive.poll() is None
+    alive.kill()
+    alive.wait()
