@@ -27,7 +27,9 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
-from quipu.trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_sharded,
+                                     read_trainer_state, remove_partial_saves, save_checkpoint, set_rng_state,
+                                     sharded_wanted)
 from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts
 from quipu.trainer.model import Llama, ModelConfig, pad_vocab
 from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
@@ -350,12 +352,18 @@ class Trainer:
         self.skip_steps = 0            # data steps skipped after a rollback
         self.rollbacks = 0
         self.guard = SpikeGuard(cfg.spike)
+        # sharded (DCP) checkpoints under torchrun, whatever the world size: they reshard to any other
+        self.sharded = sharded_wanted(cfg.checkpoint, torchrun="WORLD_SIZE" in os.environ)
+        self.pending_save: ShardedSave | None = None
+        if self.dist.main:
+            remove_partial_saves(self.run_dir)    # a save killed halfway: its folder never became a checkpoint
+        self.dist.barrier()
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is not None and not resume:
             raise BlendError(f"{self.run_dir} already has checkpoints ({ckpt.name}): pass --resume to continue, "
                              "or choose another --output")
         if resume and ckpt is not None:
-            self._restore(load_checkpoint(ckpt))
+            self._restore(ckpt)
         self.metrics = Metrics(self.run_dir, self.step if resume else None)
         ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
         self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
@@ -382,36 +390,63 @@ class Trainer:
                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.raw_model.state_dict(), self.optimizer.state_dict()
 
-    def _restore(self, ck: dict) -> None:
-        if ck["model_config"] != self.model_cfg.model_dump(mode="json"):
-            raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
-        if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-            set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
-                           options=StateDictOptions(full_state_dict=True))
+    def _restore(self, path: Path) -> None:
+        """Model, optimizer and trainer state from a checkpoint of either format, saved by any number of ranks."""
+        if path.is_dir():
+            ck = read_trainer_state(path)
+            self._check_model_config(ck)
+            load_sharded(path, self.raw_model, self.optimizer)
         else:
-            self.raw_model.load_state_dict(ck["model"])
-            self.optimizer.load_state_dict(ck["optimizer"])
+            ck = load_checkpoint(path)
+            self._check_model_config(ck)
+            if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+                set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
+                               options=StateDictOptions(full_state_dict=True))
+            else:
+                self.raw_model.load_state_dict(ck["model"])
+                self.optimizer.load_state_dict(ck["optimizer"])
         t = ck["trainer"]
         self.step, self.lr_scale, self.skip_steps = ck["step"], t["lr_scale"], t["skip_steps"]
         self.rollbacks = t.get("rollbacks", 0)
         self.guard.history = t["grad_norm_history"]
         set_rng_state(ck["rng"])
 
-    def save(self) -> Path | None:
-        model_sd, optim_sd = self._state_dicts()
-        path = None
-        if self.dist.main:
-            path = save_checkpoint(self.run_dir, self.step, {
-                "model": model_sd, "optimizer": optim_sd, "model_config": self.model_cfg.model_dump(mode="json"),
+    def _check_model_config(self, ck: dict) -> None:
+        if ck["model_config"] != self.model_cfg.model_dump(mode="json"):
+            raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
+
+    def _trainer_state(self) -> dict:
+        """Everything but model and optimizer: plain data, the same in both formats."""
+        return {"model_config": self.model_cfg.model_dump(mode="json"),
                 "trainer": {"lr_scale": self.lr_scale, "skip_steps": self.skip_steps, "rollbacks": self.rollbacks,
                             "grad_norm_history": self.guard.history,
                             "data_position": {"step": self.step, "skip_steps": self.skip_steps}},
-                "config": self.cfg.model_dump(mode="json"), "config_hash": sha256_json(self.cfg.model_dump(mode="json"))},
-                self.cfg.checkpoint.keep_last)
+                "config": self.cfg.model_dump(mode="json"), "config_hash": sha256_json(self.cfg.model_dump(mode="json"))}
+
+    def save(self) -> Path | None:
+        if self.sharded:
+            self.finish_pending_save()
+            pending = ShardedSave(self.run_dir, self.step, self.cfg.checkpoint.keep_last)
+            self.pending_save = pending.start(self.raw_model, self.optimizer, self._trainer_state(),
+                                              asynchronous=self.cfg.checkpoint.async_save)
+            path = None if self.cfg.checkpoint.async_save else self.finish_pending_save()
+            if self.dist.main:
+                self.metrics.flush()
+            return path
+        model_sd, optim_sd = self._state_dicts()
+        path = None
+        if self.dist.main:
+            path = save_checkpoint(self.run_dir, self.step, {"model": model_sd, "optimizer": optim_sd} | self._trainer_state(),
+                                   self.cfg.checkpoint.keep_last)
             self.metrics.flush()
         self.dist.barrier()
         return path
+
+    def finish_pending_save(self) -> Path | None:
+        """Waits for a sharded save still being written (async) and puts it in place."""
+        pending, self.pending_save = self.pending_save, None
+        return pending.finish() if pending is not None else None
 
     # -- steps
 
@@ -498,6 +533,7 @@ class Trainer:
         return self.tokenizer.decode(out[0].tolist())
 
     def _rollback(self) -> bool:
+        self.finish_pending_save()
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
@@ -505,10 +541,9 @@ class Trainer:
             raise TrainingDiverged(f"step {self.step}: loss spikes persist after {self.rollbacks} rollback(s) "
                                    f"(spike.max_rollbacks); last checkpoint {ckpt}")
         rollbacks = self.rollbacks + 1
-        ck = load_checkpoint(ckpt)
         skipped_to = self.step
         lr_scale = self.lr_scale * self.cfg.spike.rollback_lr_factor
-        self._restore(ck)
+        self._restore(ckpt)
         self.rollbacks = rollbacks
         # lower LR, and do not replay the data that led to the spikes
         self.lr_scale = lr_scale
@@ -560,6 +595,7 @@ class Trainer:
                 self.save()
             if time_up:
                 break
+        self.finish_pending_save()
         last_eval_step = max((r["step"] for r in self.metrics.rows if "eval_loss" in r), default=None)
         if last_eval_step != self.step and self.step > 0:
             eval_loss = self.evaluate()   # the summary always reports the held-out loss of the final weights
