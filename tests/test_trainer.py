@@ -417,16 +417,26 @@ def test_sharded_checkpoint_one_process_resumes_exactly_and_loads_safely(prepare
     train(load_config(TrainConfig, data=base_config(split, **over, **{"checkpoint.async_save": True})), split, resume=True)
     assert losses(split) == losses(straight)
 
+    # `quipu export --hf` of a sharded checkpoint (streamed tensor by tensor): transformers' logits are ours
+    from transformers import AutoModelForCausalLM
+
+    from quipu.trainer.export import export_hf
+    hf = AutoModelForCausalLM.from_pretrained(export_hf(straight, tmp_path / "hf"), dtype=torch.float32).eval()
+    mcfg = ModelConfig.model_validate(torch.load(cks[-1] / "trainer.pt", weights_only=True)["model_config"])
+    ours = Llama(mcfg)
+    load_sharded(cks[-1], ours, None)
+    ids = torch.randint(0, mcfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours.eval()(ids), atol=1e-5, rtol=1e-5)
+
     class Evil:
         def __reduce__(self):
             return (os.system, ("true",))
     import pickle
     meta = cks[-1] / "state" / ".metadata"
     meta.write_bytes(pickle.dumps(Evil()))
-    model = Llama(ModelConfig.model_validate(load_config(TrainConfig, data=base_config(straight)).model.model_dump()
-                                             | {"vocab_size": 320}))
     with pytest.raises(UnsafeCheckpoint, match="posix.system|os.system"):
-        load_sharded(cks[-1], model, None)
+        load_sharded(cks[-1], ours, None)
 
 
 KILL_MID_SAVE = '''

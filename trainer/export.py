@@ -9,7 +9,9 @@ continued pre-training: from a HF Llama folder, or from SmolLM2's GGUF in the `l
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from pathlib import Path
 
 import torch
@@ -58,16 +60,18 @@ def from_hf_state(state: dict, tie: bool) -> dict:
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     ck_path = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
     if ck_path is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to export (train first)")
-    ck = load_checkpoint(ck_path)
+    ck = load_checkpoint(ck_path / "trainer.pt" if ck_path.is_dir() else ck_path)
     mcfg = ModelConfig.model_validate(ck["model_config"])
     prepared = run_dir / "prepared.json"
     tok_dir = json.loads(prepared.read_text())["tokenizer"] if prepared.exists() else run_dir / "tokenizer"
     tok = TextTokenizer.load(tok_dir)
+    if ck_path.is_dir():
+        return export_sharded(ck_path, ck["step"], mcfg, tok, out_dir)
     model = LlamaForCausalLM(hf_config(mcfg, tok))
     missing, unexpected = model.load_state_dict(to_hf_state(ck["model"], mcfg.tie_embeddings), strict=False)
     missing = [k for k in missing if not (mcfg.tie_embeddings and k == "lm_head.weight")]
@@ -79,12 +83,51 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path |
     # save_pretrained writes several files; stage them in a temporary folder, then rename it into place
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        hf_tok = PreTrainedTokenizerFast(tokenizer_object=bos_first(tok), bos_token=tok.bos_token,
-                                         eos_token=tok.eos_token, pad_token=tok.eos_token,
-                                         model_max_length=mcfg.max_seq_len)
-        hf_tok.save_pretrained(tmp)
+        save_tokenizer(tok, mcfg, tmp)
         write_json_atomic(Path(tmp) / "quipu_export.json", {"checkpoint": str(ck_path), "step": ck["step"]})
     return out_dir
+
+
+def save_tokenizer(tok: TextTokenizer, mcfg: ModelConfig, folder: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast(tokenizer_object=bos_first(tok), bos_token=tok.bos_token, eos_token=tok.eos_token,
+                            pad_token=tok.eos_token, model_max_length=mcfg.max_seq_len).save_pretrained(folder)
+
+
+def export_sharded(ck_path: Path, step: int, mcfg: ModelConfig, tok: TextTokenizer, out_dir: Path) -> Path:
+    """A sharded (DCP) checkpoint to a HF folder, one tensor at a time: the safetensors header is
+    written from the checkpoint's metadata, then each tensor is read (its shards joined), appended
+    and dropped, so memory holds one full tensor however big the model."""
+    from quipu.trainer.checkpoint import read_sharded_tensor, sharded_tensor_specs
+    specs = sharded_tensor_specs(ck_path)
+    if mcfg.tie_embeddings:
+        specs.pop("lm_head.weight", None)
+    names = {k: ("model." + k if k != "lm_head.weight" else k) for k in specs}
+    header, offset = {}, 0
+    for k, (shape, dtype) in specs.items():
+        n = math.prod(shape) * dtype.itemsize
+        header[names[k]] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with atomic_dir(out_dir) as tmp:
+        hf_config(mcfg, tok).save_pretrained(tmp)
+        with open(Path(tmp) / "model.safetensors", "wb") as fh:
+            fh.write(struct.pack("<Q", len(raw)))
+            fh.write(raw)
+            for k, (shape, dtype) in specs.items():
+                t = read_sharded_tensor(ck_path, k, shape, dtype)
+                fh.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+                del t
+            fh.flush()
+            os.fsync(fh.fileno())
+        save_tokenizer(tok, mcfg, tmp)
+        write_json_atomic(Path(tmp) / "quipu_export.json", {"checkpoint": str(ck_path), "step": step})
+    return out_dir
+
+
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
 
 
 def bos_first(tok: TextTokenizer):
