@@ -510,3 +510,67 @@ def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
     r = torchrun(2, base_config(from_one, **over), tmp_path, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     np.testing.assert_allclose(losses(from_one), base, rtol=0, atol=1e-5)
+
+
+INIT_FROM_PROBE = '''
+import json, os, resource, sys
+import torch, transformers, safetensors.torch  # imported before measuring: the load is what is measured
+import torch.distributed.fsdp, torch.distributed.tensor._utils
+from quipu.trainer.train import Dist, TrainConfig, init_model
+folder, out = sys.argv[1], sys.argv[2]
+cfg = TrainConfig.model_validate({"data": {"phases": [{"sources": [{"dataset": "unused", "weight": 1.0}]}]},
+                                  "model": {"init_from": folder}, "distributed": {"strategy": "fsdp"}})
+def rss_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
+world = Dist(torch.device("cpu"))
+before = rss_mb()
+raw, model, mcfg = init_model(cfg, 0, torch.device("cpu"), world)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+ids = torch.arange(24).reshape(2, 12) * 37 % mcfg.vocab_size
+with torch.no_grad():
+    logits = model.eval()(ids)
+if world.rank == 0:
+    torch.save(logits, os.path.join(out, "logits.pt"))
+print("PROBE " + json.dumps({"world": world.world, "rank": world.rank, "load_mb": round(peak - before, 1), "peak_mb": round(peak, 1)}))
+if world.enabled:
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_init_from_loads_each_ranks_slices(tmp_path):
+    """model.init_from a HF Llama folder under FSDP2 on 2 gloo ranks: built on the meta device and
+    filled with each rank's slices, the logits are transformers'; the memory the load costs each rank
+    is about half of what one process needs for the whole model (printed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=12,
+                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
+                                      tie_word_embeddings=False)).eval()
+    folder = tmp_path / "hf-llama"
+    hf.save_pretrained(folder, safe_serialization=True)
+    size_mb = sum(p.numel() * 4 for p in hf.parameters()) / 2**20
+    probe = tmp_path / "probe.py"
+    probe.write_text(INIT_FROM_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"out{n}"
+        out.mkdir()
+        launch = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                                  "--master_port", str(29000 + (os.getpid() * 11) % 3000)]
+        r = subprocess.run([*launch, str(probe), str(folder), str(out)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[n] = [json.loads(line.split("PROBE ", 1)[1]) for line in r.stdout.splitlines() if "PROBE " in line]
+        ids = torch.arange(24).reshape(2, 12) * 37 % 8192
+        with torch.no_grad():
+            torch.testing.assert_close(torch.load(out / "logits.pt"), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    single = runs[1][0]["load_mb"]
+    per_rank = [r["load_mb"] for r in runs[2]]
+    print(f"\ninit_from of a {size_mb:.0f} MiB model: load RSS one process {single} MiB, per rank of 2 {per_rank} MiB "
+          f"(ratio {max(per_rank) / single:.2f}); peak RSS one process {runs[1][0]['peak_mb']} MiB, "
+          f"per rank {[r['peak_mb'] for r in runs[2]]} MiB")
+    assert len(per_rank) == 2 and single > 0.8 * size_mb
+    assert max(per_rank) < 0.7 * single

@@ -180,13 +180,119 @@ def load_pretrained(init_from: str, base: ModelConfig) -> tuple[ModelConfig, dic
         if not Path(init_from).is_dir():
             raise ValueError(f"model.init_from: {init_from} is not a HF model folder (or 'smollm2')")
         hf = AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
-    c = hf.config
-    if c.model_type != "llama":
-        raise ValueError(f"model.init_from: {init_from} is a {c.model_type!r} model, not llama")
-    mcfg = base.model_copy(update=dict(
-        vocab_size=c.vocab_size, dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads, ffn_dim=c.intermediate_size,
-        max_seq_len=max(base.max_seq_len, c.max_position_embeddings), rope_theta=float(getattr(c, "rope_theta", None) or (c.rope_parameters or {}).get("rope_theta", 10000.0)),
-        norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings), init_from=init_from))
+    mcfg = _config_from_hf(hf.config, init_from, base)
     state = from_hf_state(hf.state_dict(), mcfg.tie_embeddings)
     return mcfg, {k: v.detach().clone() for k, v in state.items()}
+
+
+# ---- continued pre-training of models larger than a rank ----------------------------------------
+
+def safetensors_files(folder: str | Path) -> dict[str, Path] | None:
+    """HF tensor name -> the .safetensors file holding it (one file, or a sharded index); None when
+    the folder has no safetensors weights."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return {k: folder / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    single = folder / "model.safetensors"
+    if single.exists():
+        f = SafetensorsFile(single)
+        f.close()
+        return {k: single for k in f.header if k != "__metadata__"}
+    return None
+
+
+def pretrained_config(init_from: str, base: ModelConfig) -> ModelConfig:
+    """The ModelConfig of a HF Llama folder from its config.json alone (no weights read)."""
+    from transformers import AutoConfig
+    if not Path(init_from).is_dir():
+        raise ValueError(f"model.init_from: {init_from} is not a HF model folder (or 'smollm2')")
+    return _config_from_hf(AutoConfig.from_pretrained(init_from), init_from, base)
+
+
+def _config_from_hf(c, init_from: str, base: ModelConfig) -> ModelConfig:
+    if c.model_type != "llama":
+        raise ValueError(f"model.init_from: {init_from} is a {c.model_type!r} model, not llama")
+    return base.model_copy(update=dict(
+        vocab_size=c.vocab_size, dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads, ffn_dim=c.intermediate_size,
+        max_seq_len=max(base.max_seq_len, c.max_position_embeddings),
+        rope_theta=float(getattr(c, "rope_theta", None) or (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+        norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings), init_from=init_from))
+
+
+class SafetensorsFile:
+    """Reads a tensor's rows straight from a .safetensors file with `readinto`, not through a memory
+    map: mapped file pages count in the process's resident memory, and the point of loading slices
+    is that a rank holds only its own."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            self.header = json.loads(fh.read(n))
+        self.data_start = 8 + n
+        self.fh = open(self.path, "rb", buffering=0)
+
+    def shape(self, name: str) -> list[int]:
+        return self.header[name]["shape"]
+
+    def read_rows(self, name: str, start: int, out: torch.Tensor) -> None:
+        """Rows start..start+len(out) of tensor `name` (its first dimension) into `out`."""
+        meta = self.header[name]
+        dtype = {v: k for k, v in SAFETENSORS_DTYPES.items()}[meta["dtype"]]
+        row = math.prod(meta["shape"][1:]) * dtype.itemsize
+        buf = out if out.dtype == dtype and out.is_contiguous() and out.device.type == "cpu" else \
+            torch.empty(out.shape, dtype=dtype)
+        view = memoryview(buf.view(torch.uint8).numpy()).cast("B") if buf.numel() else memoryview(b"")
+        self.fh.seek(self.data_start + meta["data_offsets"][0] + start * row)
+        got = 0
+        while got < len(view):
+            k = self.fh.readinto(view[got:])
+            if not k:
+                raise ValueError(f"{self.path}: tensor {name} is truncated")
+            got += k
+        if buf is not out:
+            out.copy_(buf)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def load_slices(model: torch.nn.Module, folder: str | Path) -> int:
+    """Fills a materialised (`to_empty`) model from a HF folder's safetensors, each parameter with
+    only the rows this rank holds (under FSDP2 a DTensor's local shard, Shard(0)), read from the
+    file by offset, so no rank ever has the whole model. Returns the bytes read."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    files = safetensors_files(folder)
+    handles: dict[Path, SafetensorsFile] = {}
+    read = 0
+    try:
+        for name, p in model.named_parameters():
+            hf_name = name if name == "lm_head.weight" else "model." + name
+            if hf_name not in files and name == "lm_head.weight":
+                hf_name = "model.embed_tokens.weight"      # a HF folder that ties without saying so
+            if hf_name not in files:
+                raise ValueError(f"model.init_from: {folder} has no tensor {hf_name!r}")
+            path = files[hf_name]
+            if path not in handles:
+                handles[path] = SafetensorsFile(path)
+            f = handles[path]
+            if list(f.shape(hf_name)) != list(p.shape):
+                raise ValueError(f"model.init_from: {hf_name} has shape {f.shape(hf_name)}, the model expects {list(p.shape)}")
+            if isinstance(p, DTensor):
+                if any(not isinstance(pl, Shard) or pl.dim != 0 for pl in p.placements):
+                    raise ValueError(f"model.init_from: {name} is sharded as {p.placements}; only Shard(0) is read by slices")
+                shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+                local = p.to_local()
+            else:
+                shape, offset, local = tuple(p.shape), (0,) * p.ndim, p.data
+            if local.numel():
+                with torch.no_grad():
+                    f.read_rows(hf_name, offset[0] if offset else 0, local)
+                read += local.numel() * local.element_size()
+    finally:
+        for f in handles.values():
+            f.close()
+    return read

@@ -80,6 +80,8 @@ class LoopConfig(BaseModel):
     micro_batch: int = Field(8, gt=0, description="rows per forward/backward on one rank (gradient accumulation makes up the rest)")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that supports it, else fp32")
     compile: bool = False
+    activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
+                                                              "instead of keeping them: less memory, about a third more compute")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's)")
     log_every: int = Field(1, gt=0)
@@ -204,6 +206,51 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[Llama, ModelConfig]:
     mcfg = mcfg.model_copy(update={"vocab_size": mcfg.vocab_size or pad_vocab(vocab_size)})
     torch.manual_seed(cfg.seed)
     return Llama(mcfg), mcfg
+
+
+def init_model(cfg: TrainConfig, vocab_size: int, device: torch.device, world: Dist) -> tuple[Llama, torch.nn.Module, ModelConfig]:
+    """(the model, what the loop calls: the model itself, FSDP2-sharded in place, or its DDP wrapper,
+    the model's config).
+
+    `model.init_from` a HF folder with safetensors: the model is built on the meta device (no
+    memory), sharded, materialised empty and filled with each rank's own slices from the files, so
+    continued pre-training works for models bigger than one rank's memory. Other models are built
+    whole (same seed on every rank) and sharded after."""
+    from quipu.trainer.export import load_slices, pretrained_config, safetensors_files
+    fsdp = world.enabled and cfg.distributed.strategy == "fsdp"
+    folder = cfg.model.init_from if cfg.model.init_from and cfg.model.init_from != "smollm2" else None
+    if folder and Path(folder).is_dir() and safetensors_files(folder):
+        mcfg = pretrained_config(folder, cfg.model)
+        if mcfg.vocab_size < vocab_size:
+            raise BlendError(f"model.init_from: its vocabulary ({mcfg.vocab_size}) is smaller than the tokenizer's ({vocab_size}); "
+                             "use the model's own tokenizer (tokenizer.kind=smollm2 or file)")
+        with torch.device("meta"):
+            model = Llama(mcfg)
+        if fsdp:
+            shard_fsdp(model)
+        model.to_empty(device=device)
+        if mcfg.tie_embeddings and not fsdp:
+            model.lm_head.weight = model.embed_tokens.weight    # to_empty gives every parameter its own storage
+        load_slices(model, folder)
+        model.rotary.reset(device)
+    else:
+        model, mcfg = build_model(cfg, vocab_size)
+        model.to(device)
+        if fsdp:
+            shard_fsdp(model)
+    model.activation_checkpointing = cfg.train.activation_checkpointing
+    if world.enabled and not fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return model, DDP(model, device_ids=[device.index] if device.type == "cuda" else None), mcfg
+    return model, model, mcfg
+
+
+def shard_fsdp(model: Llama) -> None:
+    """FSDP2: each block is its own unit (gathered for its forward, freed after), the rest the root."""
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -343,9 +390,7 @@ class Trainer:
             raise BlendError(f"train.batch_size ({cfg.train.batch_size}) must be a multiple of "
                              f"train.micro_batch ({cfg.train.micro_batch}) x processes ({world})")
         self.accum = per_rank // cfg.train.micro_batch
-        self.raw_model, self.model_cfg = build_model(cfg, self.tokenizer.vocab_size)
-        self.raw_model.to(self.device)
-        self.model = self._wrap(self.raw_model)
+        self.raw_model, self.model, self.model_cfg = init_model(cfg, self.tokenizer.vocab_size, self.device, self.dist)
         self.optimizer = make_optimizer(self.raw_model, cfg.optim, self.device)
         self.step = 0
         self.lr_scale = 1.0
@@ -368,18 +413,6 @@ class Trainer:
         ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
         self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
         self.train_model = torch.compile(self.model) if cfg.train.compile else self.model
-
-    def _wrap(self, model: Llama) -> torch.nn.Module:
-        if not self.dist.enabled:
-            return model
-        if self.cfg.distributed.strategy == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-            for layer in model.layers:
-                fully_shard(layer)
-            fully_shard(model)
-            return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     # -- state
 
