@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -245,6 +246,15 @@ def test_resume_is_exact(prepared, tmp_path):
     assert s["step"] == 8 and len(losses(straight)) == 8
     assert losses(straight)[-1] < losses(straight)[0]
     assert (straight / "loss.png").stat().st_size > 1000
+    # held-out bits per byte per source and per language at every eval step (4 and 8)
+    evals = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines() if "eval_bpb" in x]
+    assert [r["step"] for r in evals] == [4, 8]
+    for r in evals:
+        assert set(r["eval_by_source"]) == {"tr-en", "tr-es"} and set(r["eval_by_lang"]) == {"en", "es"}
+        assert all(0 < v["bpb"] < 10 and v["loss"] > 0 for v in r["eval_by_source"].values())
+    assert evals[1]["eval_by_source"]["tr-en"]["bpb"] < evals[0]["eval_by_source"]["tr-en"]["bpb"]
+    # the synthetic en and es sources are the en and es languages: same documents, same figures
+    assert evals[1]["eval_by_lang"]["es"] == evals[1]["eval_by_source"]["tr-es"]
 
     split = new_run(prepared, tmp_path, "split")
     cfg_stop = load_config(TrainConfig, data=base_config(split, **{"train.stop_at_step": 4}))
@@ -390,8 +400,13 @@ def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server, capsys):
     cfg.write_text(json.dumps(base_config(tmp_path / "unused")))
     out = tmp_path / "cli-run"
     assert main(["train", str(cfg), "--output", str(out), "--max-steps", "4", "--set", "export_hf=true"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert f"loss curve: {out / 'loss.png'}" in printed and "sample:" in printed
+    # per-source and per-language held-out bits per byte: in the summary (stdout) and on the eval step's line (stderr)
+    groups = r"all [\d.]+ \| source tr-en [\d.]+, tr-es [\d.]+ \| lang en [\d.]+, es [\d.]+"
+    assert re.search("held-out bits/byte: " + groups, printed), printed
+    assert re.search(r"step +4/4 .*\n +held-out bits/byte " + groups, captured.err), captured.err[-2000:]
     assert (out / "loss.png").exists() and (out / "hf" / "config.json").exists()
     assert len(losses(out)) == 4
     assert main(["export", str(out), "--hf", str(tmp_path / "hf2")]) == 0

@@ -157,8 +157,13 @@ def score_checkpoint(checkpoint: str | Path, tokenizer_dir: str | Path, docs: li
     model = Llama(ModelConfig.model_validate(ck["model_config"]))
     model.load_state_dict(ck["model"])
     model.eval()
-    tok = TextTokenizer.load(tokenizer_dir)
-    return score_documents(docs, lambda t: tok.encode(t, bos=True), lambda x: model(x), seq_len)
+    return score_model(model, TextTokenizer.load(tokenizer_dir), docs, seq_len)
+
+
+def score_model(model, tok, docs: list[HeldoutDoc], seq_len: int, batch: int = 16) -> list[DocScore]:
+    """Our model (any wrapper whose forward gives logits) with a run's tokenizer: documents as
+    training saw them, BOS first. The training loop's evaluation and `quipu ablate` both score here."""
+    return score_documents(docs, lambda t: tok.encode(t, bos=True), lambda x: model(x), seq_len, batch=batch)
 
 
 def score_hf(hf_dir: str | Path, docs: list[HeldoutDoc], seq_len: int) -> list[DocScore]:
@@ -189,6 +194,18 @@ def summarize(scores: list[DocScore]) -> dict:
                     "tokens": sum(s.tokens for s in v)} for k, v in sorted(out.items())}
     return {"all": group(lambda s: "all")["all"], "by_lang": group(lambda s: s.lang),
             "by_source": group(lambda s: s.source)}
+
+
+def group_losses(scores: list[DocScore]) -> dict:
+    """The training loop's compact view: BPB and loss (nats per token) overall, per source, per language."""
+    def one(v: list[DocScore]) -> dict:
+        return {"bpb": round(bits_per_byte(v), 6), "loss": round(sum(s.nll for s in v) / max(1, sum(s.tokens for s in v)), 6)}
+    by: dict[str, dict[str, list[DocScore]]] = {"source": {}, "lang": {}}
+    for s in scores:
+        by["source"].setdefault(s.source, []).append(s)
+        by["lang"].setdefault(s.lang, []).append(s)
+    return {"all": one(scores), "by_source": {k: one(v) for k, v in sorted(by["source"].items())},
+            "by_lang": {k: one(v) for k, v in sorted(by["lang"].items())}}
 
 
 def scores_to_rows(scores: list[DocScore]) -> list[dict]:

@@ -215,6 +215,7 @@ class SourceData:
     train_docs: np.ndarray      # indices into `train` of documents used for training
     eval_docs: np.ndarray       # held-out documents
     copies: np.ndarray | None = None   # per train_docs entry: times per epoch (dup_count, capped); None: once
+    eval_lang: list[str] | None = None  # language of each held-out document (curated `lang`), for per-language eval
 
     @property
     def train_tokens(self) -> int:

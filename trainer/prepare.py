@@ -161,8 +161,18 @@ def load_sources(data: DataConfig, prepared: dict, seed: int) -> list[SourceData
             selected = np.flatnonzero(mask)
             if spec.dup_upsample_cap:
                 copies = dup_copies(table, spec.dup_upsample_cap, f"source {key!r}")[mask]
-        sources.append(split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies))
+        src = split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies)
+        src.eval_lang = document_langs(markers, src.eval_docs)
+        sources.append(src)
     return sources
+
+
+def document_langs(markers: list[dict], docs: np.ndarray) -> list[str]:
+    """The curated `lang` of documents `docs` (token-shard order); "und" where shards have none."""
+    if not all("lang" in pq.read_schema(m["input"]).names for m in markers):
+        return ["und"] * len(docs)
+    langs = document_columns(markers, ["lang"]).column("lang").to_pylist()
+    return [str(langs[int(i)] or "und") for i in docs]
 
 
 def document_columns(markers: list[dict], columns: list[str]):

@@ -93,6 +93,8 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     every: int = Field(100, gt=0, description="held-out loss and perplexity every N steps (and at the end)")
     rows: int = Field(16, gt=0, description="held-out rows of seq_len tokens")
+    per_source: bool = Field(True, description="also score every source's held-out documents: bits per byte and loss "
+                                               "per source and per language (data.eval_docs_per_source documents each)")
     sample_prompt: str = "The"
     sample_tokens: int = Field(40, ge=0)
 
@@ -323,7 +325,9 @@ class Metrics:
             return None
         tr = [(r["step"], r["loss"]) for r in self.rows if r.get("loss") is not None]
         ev = [(r["step"], r["eval_loss"]) for r in self.rows if r.get("eval_loss") is not None]
-        fig, ax = plt.subplots(figsize=(7, 4))
+        groups = [r for r in self.rows if "eval_by_source" in r]
+        fig, axes = plt.subplots(1, 2 if groups else 1, figsize=(12 if groups else 7, 4), squeeze=False)
+        ax = axes[0][0]
         if tr:
             ax.plot(*zip(*tr), label="train loss", lw=1)
         if ev:
@@ -332,6 +336,16 @@ class Metrics:
         ax.set_ylabel("loss (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend()
+        if groups:   # held-out bits per byte per source (solid) and per language (dashed)
+            bx = axes[0][1]
+            for key, style in (("eval_by_source", "o-"), ("eval_by_lang", "s--")):
+                for name in sorted({k for r in groups for k in r[key]}):
+                    pts = [(r["step"], r[key][name]["bpb"]) for r in groups if name in r[key]]
+                    bx.plot(*zip(*pts), style, ms=3, label=("" if key == "eval_by_source" else "lang ") + name)
+            bx.set_xlabel("step")
+            bx.set_ylabel("held-out bits per byte")
+            bx.grid(alpha=0.3)
+            bx.legend(fontsize=8)
         fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
@@ -340,6 +354,17 @@ class Metrics:
 
 
 # ---- the trainer -------------------------------------------------------------------------------
+
+def heldout_documents(sources: list, tokenizer: TextTokenizer) -> list:
+    """Every source's held-out documents as text (decoded from their tokens), with source and language."""
+    from quipu.trainer.bpb import HeldoutDoc
+    docs = []
+    for s in sources:
+        langs = s.eval_lang or ["und"] * len(s.eval_docs)
+        for i, lang in zip(s.eval_docs, langs):
+            docs.append(HeldoutDoc(s.name, lang, f"{s.name}:{int(i)}", tokenizer.decode(s.train.doc(int(i)).tolist())))
+    return docs
+
 
 def load_sources(cfg: TrainConfig, prepared: dict) -> list:
     from quipu.trainer.prepare import load_sources as load
@@ -412,6 +437,7 @@ class Trainer:
         self.metrics = Metrics(self.run_dir, self.step if resume else None)
         ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
         self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
+        self.heldout = heldout_documents(self.sources, self.tokenizer) if cfg.eval.per_source else []
         self.train_model = torch.compile(self.model) if cfg.train.compile else self.model
 
     # -- state
@@ -554,6 +580,26 @@ class Trainer:
         self.model.train()
         return total / max(1, count)
 
+    @torch.no_grad()
+    def evaluate_sources(self) -> dict:
+        """Held-out bits per byte and loss per source and per language (every rank scores the same
+        documents: an FSDP forward needs them all)."""
+        from quipu.trainer.bpb import group_losses, score_model
+        self.raw_model.eval()
+        with self._autocast():
+            scores = score_model(self.raw_model, self.tokenizer, self.heldout, self.cfg.data.seq_len,
+                                 batch=self.cfg.train.micro_batch)
+        self.raw_model.train()
+        return group_losses(scores)
+
+    def _eval_row(self) -> dict:
+        eval_loss = self.evaluate()
+        row = {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))}
+        if self.heldout:
+            g = self.evaluate_sources()
+            row |= {"eval_bpb": g["all"]["bpb"], "eval_by_source": g["by_source"], "eval_by_lang": g["by_lang"]}
+        return row
+
     def sample(self) -> str:
         if self.cfg.eval.sample_tokens == 0:
             return ""
@@ -610,9 +656,8 @@ class Trainer:
             m["tokens"] = self.step * tokens_per_step
             m["phase"] = self.batcher.phase_at(self.step - 1 + self.skip_steps).name
             if self.step % cfg.eval.every == 0 or self.step == max_steps:
-                eval_loss = self.evaluate()
-                m["eval_loss"] = eval_loss
-                m["eval_ppl"] = math.exp(min(eval_loss, 50))
+                m |= self._eval_row()
+                eval_loss = m["eval_loss"]
             if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop or time_up:
                 now = time.perf_counter()
                 m["tokens_per_s"] = round(steps_since * tokens_per_step / max(1e-9, now - t_last), 1)
@@ -631,9 +676,10 @@ class Trainer:
         self.finish_pending_save()
         last_eval_step = max((r["step"] for r in self.metrics.rows if "eval_loss" in r), default=None)
         if last_eval_step != self.step and self.step > 0:
-            eval_loss = self.evaluate()   # the summary always reports the held-out loss of the final weights
+            row = self._eval_row()   # the summary always reports the held-out loss of the final weights
+            eval_loss = row["eval_loss"]
             if self.metrics.rows and self.metrics.rows[-1].get("step") == self.step and "loss" in self.metrics.rows[-1]:
-                self.metrics.rows[-1].update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 50)))
+                self.metrics.rows[-1].update(row)
                 if self.dist.main:
                     self.metrics.flush()
         summary = self.finish(eval_loss, self.step < max_steps)
@@ -648,6 +694,7 @@ class Trainer:
         summary = {"run_dir": str(self.run_dir), "step": self.step, "max_steps": self.cfg.train.max_steps,
                    "stopped_early": interrupted, "final_loss": losses[-1] if losses else None,
                    "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50)) if eval_loss is not None else None,
+                   **last_eval_by_group(self.metrics.rows),
                    "params": self.raw_model.num_params(), "model": self.model_cfg.model_dump(mode="json"),
                    "metrics": str(self.metrics.path), "world_size": self.dist.world,
                    "checkpoint": str(latest_checkpoint(self.run_dir) or "")}
@@ -657,6 +704,13 @@ class Trainer:
             summary["loss_curve"] = str(png) if png else None
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
+
+
+def last_eval_by_group(rows: list[dict]) -> dict:
+    for r in reversed(rows):
+        if "eval_bpb" in r:
+            return {"eval_bpb": r["eval_bpb"], "eval_by_source": r["eval_by_source"], "eval_by_lang": r["eval_by_lang"]}
+    return {}
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=None) -> dict:
