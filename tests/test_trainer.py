@@ -589,3 +589,35 @@ def test_init_from_loads_each_ranks_slices(tmp_path):
           f"per rank {[r['peak_mb'] for r in runs[2]]} MiB")
     assert len(per_rank) == 2 and single > 0.8 * size_mb
     assert max(per_rank) < 0.7 * single
+
+
+def test_context_stages_change_rows_rope_and_schedule_and_resume_exactly(prepared, tmp_path):
+    """A second phase with longer rows (64 tokens), a new RoPE base and its own warm-up: its batches
+    are packed at 64 with the document mask, the rotary tables use the new base, the LR re-warms,
+    the checkpoint (and so an export) records the base; a run stopped inside that phase resumes to
+    the same losses."""
+    from quipu.trainer.train import Trainer
+    src = [{"dataset": "tr-en", "weight": 0.7}, {"dataset": "tr-es", "weight": 0.3}]
+    over = {"data.phases": [{"name": "short", "sources": src},
+                            {"name": "long", "start_step": 4, "sources": src, "seq_len": 64, "rope_theta": 50000.0,
+                             "lr_schedule": "rewarm", "warmup_steps": 2, "lr": 1e-3}],
+            "schedule.warmup_steps": 1}
+    straight = new_run(prepared, tmp_path, "stages")
+    cfg = load_config(TrainConfig, data=base_config(straight, **over))
+    t = Trainer(cfg, straight)
+    x, y, pos, seg = t.batcher.rows(5, range(2))
+    assert x.shape == (2, 64) and t.batcher.rows(3, range(2))[0].shape == (2, 32)
+    assert (pos[seg != seg[:, :1]] >= 0).all() and (y[:, :-1][np.diff(seg, axis=1) != 0] == -100).all()
+    assert t.lr_at(4) == pytest.approx(1e-3 * 0.5) and t.lr_at(5) == pytest.approx(1e-3)   # re-warmed over 2 steps
+    assert t.lr_at(3) == pytest.approx(3e-3 * cfg.schedule.fraction(3, 8))                 # the first phase's schedule
+    t.run()
+    assert t.raw_model.rotary.theta == 50000.0
+    rows = [json.loads(r) for r in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows][3:5] == [4 * 4 * 32, 4 * 4 * 32 + 4 * 64]
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    assert load_checkpoint(latest_checkpoint(straight))["model_config"]["rope_theta"] == 50000.0
+
+    split = new_run(prepared, tmp_path, "stages-split")
+    train(load_config(TrainConfig, data=base_config(split, **over, **{"train.stop_at_step": 6, "checkpoint.every": 2})), split)
+    train(load_config(TrainConfig, data=base_config(split, **over)), split, resume=True)
+    assert losses(split) == losses(straight)

@@ -141,6 +141,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below train.max_steps ({t.max_steps})")
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        for i, p in enumerate(self.data.phases):
+            if p.seq_len and p.seq_len > self.model.max_seq_len and not self.model.init_from:
+                raise ValueError(f"data.phases[{i}].seq_len ({p.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
         return self
 
 
@@ -377,9 +380,10 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
     starts = resolve_phase_starts(cfg.data, max_steps, lambda s: cfg.schedule.fraction(s, max_steps))
     ends = starts[1:] + [max_steps]
     by_name = {s.name: s for s in sources}
-    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     phases = []
     for i, (spec, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
+        seq_len = spec.seq_len or cfg.data.seq_len
+        tokens_per_step = cfg.train.batch_size * seq_len
         srcs = [by_name[s.key] for s in spec.sources]
         if spec.order == "ppl_wayra":
             for s in srcs:
@@ -389,7 +393,7 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
         for s in srcs:
             if s.train_tokens == 0:
                 raise BlendError(f"data.phases[{i}]: source {s.name!r} has no training tokens")
-        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, cfg.data.seq_len, cfg.seed, i))
+        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, seq_len, cfg.seed, i))
     return phases, Batcher(phases, sources, cfg.data.seq_len, cfg.train.batch_size)
 
 
@@ -472,12 +476,12 @@ class Trainer:
         set_rng_state(ck["rng"])
 
     def _check_model_config(self, ck: dict) -> None:
-        if ck["model_config"] != self.model_cfg.model_dump(mode="json"):
+        if ck["model_config"] != self.model_cfg_at(ck["step"]).model_dump(mode="json"):
             raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
 
     def _trainer_state(self) -> dict:
         """Everything but model and optimizer: plain data, the same in both formats."""
-        return {"model_config": self.model_cfg.model_dump(mode="json"),
+        return {"model_config": self.model_cfg_at(self.step).model_dump(mode="json"),
                 "trainer": {"lr_scale": self.lr_scale, "skip_steps": self.skip_steps, "rollbacks": self.rollbacks,
                             "grad_norm_history": self.guard.history,
                             "data_position": {"step": self.step, "skip_steps": self.skip_steps}},
@@ -510,7 +514,35 @@ class Trainer:
     # -- steps
 
     def lr_at(self, step: int) -> float:
+        """The run's schedule, or inside a `lr_schedule: rewarm` phase the phase's own (warm-up to
+        its peak, decay to its end)."""
+        i = self.phase_index(step)
+        spec, p = self.cfg.data.phases[i], self.phases[i]
+        if spec.lr_schedule == "rewarm":
+            sched = self.cfg.schedule
+            if spec.warmup_steps is not None:
+                sched = sched.model_copy(update={"warmup_steps": spec.warmup_steps})
+            frac = sched.fraction(step - p.start_step, p.end_step - p.start_step)
+            return (spec.lr or self.cfg.optim.lr) * frac * self.lr_scale
         return self.cfg.optim.lr * self.cfg.schedule.fraction(step, self.cfg.train.max_steps) * self.lr_scale
+
+    def phase_index(self, step: int) -> int:
+        """The phase `step` trains in (by schedule step: a rollback's data skip does not move phases)."""
+        return max(i for i, p in enumerate(self.phases) if step >= p.start_step or i == 0)
+
+    def model_cfg_at(self, step: int) -> ModelConfig:
+        """The model config as of `step`: a phase's rope_theta replaces the model's (what a checkpoint records)."""
+        theta = self.cfg.data.phases[self.phase_index(max(0, step - 1))].rope_theta if step > 0 else None
+        theta = theta or self.model_cfg.rope_theta
+        return self.model_cfg if theta == self.model_cfg.rope_theta else self.model_cfg.model_copy(update={"rope_theta": theta})
+
+    def _set_rope(self, step: int) -> None:
+        """The phase's RoPE base on the rotary tables (recomputed only when it changes)."""
+        spec = self.cfg.data.phases[self.phase_index(step)]
+        theta = spec.rope_theta or self.model_cfg.rope_theta
+        if self.raw_model.rotary.theta != theta:
+            self.raw_model.rotary.theta = theta
+            self.raw_model.rotary.reset(self.device)
 
     def _autocast(self):
         if self.amp is None:
@@ -537,6 +569,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         step = self.step
+        self._set_rope(step)
         lr = self.lr_at(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -635,7 +668,6 @@ class Trainer:
         cfg = self.cfg
         max_steps = cfg.train.max_steps
         stop = min(max_steps, cfg.train.stop_at_step or max_steps)
-        tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
         if self.dist.main:
             write_json_atomic(self.run_dir / "blend.json", blend_report(self.phases))
         self.model.train()
@@ -648,18 +680,19 @@ class Trainer:
             if m["skipped"] and self.guard.needs_rollback:
                 if self.dist.main:
                     print(f"step {m['step']}: {self.guard.consecutive} spikes in a row; rolling back", file=sys.stderr)
-                row = m | {"tokens": self.step * tokens_per_step}
+                row = m | {"tokens": self.batcher.tokens_until(self.step)}
                 if self._rollback():
                     self.metrics.rows.insert(-1, row)   # the skipped step, before the rollback event
                     continue
             time_up = deadline is not None and self._time_is_up(deadline)
-            m["tokens"] = self.step * tokens_per_step
+            m["tokens"] = self.batcher.tokens_until(self.step)
             m["phase"] = self.batcher.phase_at(self.step - 1 + self.skip_steps).name
             if self.step % cfg.eval.every == 0 or self.step == max_steps:
                 m |= self._eval_row()
                 eval_loss = m["eval_loss"]
             if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop or time_up:
                 now = time.perf_counter()
+                tokens_per_step = cfg.train.batch_size * self.phases[self.phase_index(self.step - 1)].seq_len
                 m["tokens_per_s"] = round(steps_since * tokens_per_step / max(1e-9, now - t_last), 1)
                 t_last, steps_since = now, 0
                 if m["skipped"] is None:
