@@ -152,6 +152,9 @@ def format_eval_groups(m: dict) -> str:
     parts = [f"all {m['eval_bpb']:.4f}"]
     for key, label in (("eval_by_source", "source"), ("eval_by_lang", "lang")):
         parts.append(label + " " + ", ".join(f"{k} {v['bpb']:.4f}" for k, v in m.get(key, {}).items()))
+    for name, t in (m.get("eval_tasks") or {}).items():
+        if t.get("items"):
+            parts.append(f"task {name} acc {t['accuracy']:.3f} answer {t['answer_bpb']:.4f}")
     return " | ".join(parts)
 
 

@@ -239,9 +239,37 @@ def final_weights(run: Path) -> dict:
     return load_checkpoint(latest_checkpoint(run))["model"]
 
 
+TASK_ITEMS = [{"prompt": "The cat sees the", "choices": ["river near the house.", "zqxj vvkw pfft."], "answer": 0, "lang": "en"},
+              {"prompt": "El gato ve el", "choices": ["qqzx wvvk.", "río cerca de la casa."], "answer": "río cerca de la casa.", "lang": "es"},
+              {"prompt": "The dog runs", "choices": ["under the old bridge.", "over the green city."], "answer": 1, "lang": "en"}]
+
+
+def answer_bpb_by_hand(model, tok, items: list[dict]) -> tuple[float, float]:
+    """Accuracy and answer bits per byte through the model's own loss_sum (targets masked to the answer)."""
+    nll = nbytes = correct = 0
+    for it in items:
+        per_byte = []
+        for c in it["choices"]:
+            ctx, cont = tok.encode(it["prompt"], bos=True), tok.encode(c, bos=False)
+            ids = torch.tensor([ctx + cont])
+            y = ids[:, 1:].clone()
+            y[:, :len(ctx) - 1] = -100
+            with torch.no_grad():
+                s, _ = model.loss_sum(ids[:, :-1], y)
+            per_byte.append((float(s), len(c.encode())))
+        ans = it["answer"] if isinstance(it["answer"], int) else it["choices"].index(it["answer"])
+        nll += per_byte[ans][0]
+        nbytes += per_byte[ans][1]
+        correct += min(range(len(per_byte)), key=lambda k: per_byte[k][0] / per_byte[k][1]) == ans
+    return correct / len(items), nll / math.log(2) / nbytes
+
+
 def test_resume_is_exact(prepared, tmp_path):
     straight = new_run(prepared, tmp_path, "straight")
-    cfg = load_config(TrainConfig, data=base_config(straight))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ITEMS))
+    cfg = load_config(TrainConfig, data=base_config(straight, **{"eval.tasks": [
+        {"path": str(tasks), "name": "toy"}, {"benchmark": "humaneval", "max_items": 2, "lang": "code"}]}))
     s = train(cfg, straight)
     assert s["step"] == 8 and len(losses(straight)) == 8
     assert losses(straight)[-1] < losses(straight)[0]
@@ -255,6 +283,16 @@ def test_resume_is_exact(prepared, tmp_path):
     assert evals[1]["eval_by_source"]["tr-en"]["bpb"] < evals[0]["eval_by_source"]["tr-en"]["bpb"]
     # the synthetic en and es sources are the en and es languages: same documents, same figures
     assert evals[1]["eval_by_lang"]["es"] == evals[1]["eval_by_source"]["tr-es"]
+    # task files scored by log-likelihood: the final eval agrees with the model's own loss on the answers
+    toy, he = evals[1]["eval_tasks"]["toy"], evals[1]["eval_tasks"]["humaneval"]
+    assert toy["items"] == 3 and set(toy["by_lang"]) == {"en", "es"} and he["items"] == 2 and he["answer_bpb"] > 0
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from quipu.trainer.tokenizer import TextTokenizer
+    ck = load_checkpoint(latest_checkpoint(straight))
+    model = Llama(ModelConfig.model_validate(ck["model_config"]))
+    model.load_state_dict(ck["model"])
+    acc, bpb = answer_bpb_by_hand(model.eval(), TextTokenizer.load(json.loads((straight / "prepared.json").read_text())["tokenizer"]), TASK_ITEMS)
+    assert toy["accuracy"] == pytest.approx(acc) and toy["answer_bpb"] == pytest.approx(bpb, abs=2e-6)
 
     split = new_run(prepared, tmp_path, "split")
     cfg_stop = load_config(TrainConfig, data=base_config(split, **{"train.stop_at_step": 4}))

@@ -30,6 +30,7 @@ from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
 from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_sharded,
                                      read_trainer_state, remove_partial_saves, save_checkpoint, set_rng_state,
                                      sharded_wanted)
+from quipu.trainer.bpb import TaskFile
 from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts
 from quipu.trainer.model import Llama, ModelConfig, pad_vocab
 from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
@@ -95,6 +96,8 @@ class EvalConfig(BaseModel):
     rows: int = Field(16, gt=0, description="held-out rows of seq_len tokens")
     per_source: bool = Field(True, description="also score every source's held-out documents: bits per byte and loss "
                                                "per source and per language (data.eval_docs_per_source documents each)")
+    tasks: list[TaskFile] = Field(default_factory=list, description="task files scored by log-likelihood at every eval: "
+                                                                    "accuracy and answer bits per byte, per language")
     sample_prompt: str = "The"
     sample_tokens: int = Field(40, ge=0)
 
@@ -442,6 +445,11 @@ class Trainer:
         ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
         self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
         self.heldout = heldout_documents(self.sources, self.tokenizer) if cfg.eval.per_source else []
+        from quipu.trainer.bpb import load_task_items
+        try:
+            self.tasks = {t.label(): load_task_items(t) for t in cfg.eval.tasks}
+        except (ValueError, FileNotFoundError) as e:
+            raise BlendError(str(e)) from None
         self.train_model = torch.compile(self.model) if cfg.train.compile else self.model
 
     # -- state
@@ -631,7 +639,19 @@ class Trainer:
         if self.heldout:
             g = self.evaluate_sources()
             row |= {"eval_bpb": g["all"]["bpb"], "eval_by_source": g["by_source"], "eval_by_lang": g["by_lang"]}
+        if self.tasks:
+            row["eval_tasks"] = self.evaluate_tasks()
         return row
+
+    @torch.no_grad()
+    def evaluate_tasks(self) -> dict:
+        from quipu.trainer.bpb import score_task
+        self.raw_model.eval()
+        with self._autocast():
+            out = {name: score_task(items, self.tokenizer, lambda x: self.raw_model(x.to(self.device)),
+                                    self.cfg.data.seq_len) for name, items in self.tasks.items()}
+        self.raw_model.train()
+        return out
 
     def sample(self) -> str:
         if self.cfg.eval.sample_tokens == 0:
@@ -742,7 +762,7 @@ class Trainer:
 def last_eval_by_group(rows: list[dict]) -> dict:
     for r in reversed(rows):
         if "eval_bpb" in r:
-            return {"eval_bpb": r["eval_bpb"], "eval_by_source": r["eval_by_source"], "eval_by_lang": r["eval_by_lang"]}
+            return {k: r[k] for k in ("eval_bpb", "eval_by_source", "eval_by_lang", "eval_tasks") if k in r}
     return {}
 
 
