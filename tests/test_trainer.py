@@ -549,9 +549,10 @@ def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
     on_one = tmp_path / "dcp-killed-1"
     shutil.copytree(killed, on_one)
 
-    r = torchrun(2, base_config(killed, **over), tmp_path, "--resume")
+    r = torchrun(2, base_config(killed, **over, **{"checkpoint.async_save": True}), tmp_path, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not partial[0].exists()                            # cleaned up on the next start
+    assert [p.name for p in list_checkpoints(killed)] == ["step-0000006", "step-0000008"]   # async saves, in place
     np.testing.assert_allclose(losses(killed), base, rtol=0, atol=1e-5)
 
     train(load_config(TrainConfig, data=base_config(on_one, **over)), on_one, resume=True)     # 2 -> 1

@@ -160,6 +160,18 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+_ASYNC_GROUP = []
+
+
+def _async_group():
+    import torch.distributed as dist
+    if _no_dist():
+        return None
+    if not _ASYNC_GROUP:
+        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))   # every rank reaches here at the same save
+    return _ASYNC_GROUP[0]
+
+
 class ShardedSave:
     """One sharded save in progress: `start` writes (or, async, begins writing) every rank's shards
     into a temporary folder; `finish` waits for them and renames the folder into place (rank 0),
@@ -183,7 +195,9 @@ class ShardedSave:
         model_sd, optim_sd = get_state_dict(model, optimizer)   # each rank's own shards (DTensors under FSDP2)
         state = {"model": model_sd, "optimizer": optim_sd}
         if asynchronous:
-            self.future = dcp.async_save(state, checkpoint_id=str(self.tmp / "state"), no_dist=_no_dist())
+            # its own gloo group: the background thread's collectives must not interleave with training's
+            self.future = dcp.async_save(state, checkpoint_id=str(self.tmp / "state"), no_dist=_no_dist(),
+                                         process_group=_async_group())
         else:
             dcp.save(state, checkpoint_id=str(self.tmp / "state"), no_dist=_no_dist())
         torch.save(rng_state(), self.tmp / f"rng-{rank}.pt")
