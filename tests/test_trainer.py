@@ -585,7 +585,8 @@ with torch.no_grad():
     logits = model.eval()(ids)
 if world.rank == 0:
     torch.save(logits, os.path.join(out, "logits.pt"))
-print("PROBE " + json.dumps({"world": world.world, "rank": world.rank, "load_mb": round(peak - before, 1), "peak_mb": round(peak, 1)}))
+with open(os.path.join(out, f"probe-{world.rank}.json"), "w") as fh:
+    json.dump({"world": world.world, "rank": world.rank, "load_mb": round(peak - before, 1), "peak_mb": round(peak, 1)}, fh)
 if world.enabled:
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -617,7 +618,7 @@ def test_init_from_loads_each_ranks_slices(tmp_path):
         r = subprocess.run([*launch, str(probe), str(folder), str(out)], cwd=ROOT, capture_output=True, text=True,
                            timeout=300, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        runs[n] = [json.loads(line.split("PROBE ", 1)[1]) for line in r.stdout.splitlines() if "PROBE " in line]
+        runs[n] = [json.loads((out / f"probe-{rank}.json").read_text()) for rank in range(n)]
         ids = torch.arange(24).reshape(2, 12) * 37 % 8192
         with torch.no_grad():
             torch.testing.assert_close(torch.load(out / "logits.pt"), hf(ids).logits, atol=1e-4, rtol=1e-4)

@@ -1,9 +1,12 @@
-"""The training loop: AdamW, warm-up + cosine/linear/WSD schedule to a floor, gradient clipping and
-accumulation, bf16 autocast where supported, optional torch.compile, held-out loss, checkpoints with
-exact resume, a loss-spike guard, and DDP/FSDP2 through torchrun (gloo on CPU).
+"""The training loop: AdamW, warm-up + cosine/linear/WSD schedule to a floor (or per phase, re-warmed),
+gradient clipping and accumulation, bf16 autocast where supported, optional torch.compile and
+activation checkpointing, held-out loss and bits per byte per source and language, task files,
+checkpoints with exact resume (one file, or sharded with DCP under torchrun, resharded on load), a
+loss-spike guard, and DDP/FSDP2 through torchrun (gloo on CPU). Phases may change seq_len and the
+RoPE base (stages of context); `model.init_from` a HF folder loads each rank's slices only.
 
     quipu train CONFIG [--resume]                                        # one process, as a Prefect flow
-    torchrun --nproc_per_node 2 -m flows.train_dist CONFIG --output RUN_DIR  # data parallel (flows/train_dist.py)
+    torchrun --nproc_per_node 2 -m quipu.flows.train_dist CONFIG --output RUN_DIR  # data parallel (flows/train_dist.py)
 
 The loss of a step is Σ token losses / number of target tokens in the whole global batch, whatever
 the split into ranks and micro-batches, so one process and N processes train the same model.
