@@ -481,6 +481,11 @@ def test_sharded_checkpoint_one_process_resumes_exactly_and_loads_safely(prepare
     ids = torch.randint(0, mcfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, ours.eval()(ids), atol=1e-5, rtol=1e-5)
+    # the BPB scorer (ablate's) reads a sharded checkpoint as it reads a one-file one
+    from quipu.trainer.bpb import HeldoutDoc, score_checkpoint, score_hf
+    doc = [HeldoutDoc("s", "en", "0", "the cat sees the river near the old house")]
+    tok_dir = json.loads((prepared / "prepared.json").read_text())["tokenizer"]
+    assert score_checkpoint(cks[-1], tok_dir, doc, 32)[0].nll == pytest.approx(score_hf(tmp_path / "hf", doc, 32)[0].nll, rel=1e-5)
 
     class Evil:
         def __reduce__(self):

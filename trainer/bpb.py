@@ -153,9 +153,15 @@ def score_checkpoint(checkpoint: str | Path, tokenizer_dir: str | Path, docs: li
     from quipu.trainer.checkpoint import load_checkpoint
     from quipu.trainer.model import Llama, ModelConfig
     from quipu.trainer.tokenizer import TextTokenizer
-    ck = load_checkpoint(checkpoint)
-    model = Llama(ModelConfig.model_validate(ck["model_config"]))
-    model.load_state_dict(ck["model"])
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():   # sharded (DCP): its shards joined into one process's model
+        from quipu.trainer.checkpoint import load_sharded
+        model = Llama(ModelConfig.model_validate(load_checkpoint(checkpoint / "trainer.pt")["model_config"]))
+        load_sharded(checkpoint, model, None)
+    else:
+        ck = load_checkpoint(checkpoint)
+        model = Llama(ModelConfig.model_validate(ck["model_config"]))
+        model.load_state_dict(ck["model"])
     model.eval()
     return score_model(model, TextTokenizer.load(tokenizer_dir), docs, seq_len)
 
