@@ -6,6 +6,12 @@ batch. Default: ~35M parameters (vocab 32,000, dim 512, 6 layers, 8 heads, SwiGL
 embeddings), seq 256, batch 8, fp32, 2 threads.
 
     .venv/bin/python bench/train_throughput.py [--rounds 5] [--steps 3] [--threads 2] [--compile]
+
+`--options`: the trainer's memory and speed options on our model alone, each in its own process so
+its peak memory is its own (peak RSS on CPU; peak allocated GPU memory on CUDA): plain, activation
+checkpointing per block, torch.compile, both; tokens/s and peak memory per option.
+
+    .venv/bin/python bench/train_throughput.py --options [--device cuda --bf16] [--steps 3]
 """
 from __future__ import annotations
 
@@ -23,8 +29,86 @@ from quipu.trainer.export import hf_config, to_hf_state  # noqa: E402
 from quipu.trainer.model import Llama, ModelConfig  # noqa: E402
 
 
+OPTIONS = {"plain": {}, "activation_checkpointing": {"ac": True}, "compile": {"compile": True},
+           "compile+activation_checkpointing": {"ac": True, "compile": True}}
+
+
+def one_option(args) -> dict:
+    """Our model with one option: warm-up steps, then `--steps` timed; peak memory of this process."""
+    import resource
+    opt = OPTIONS[args.only]
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=32000, dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, ffn_dim=args.dim * 11 // 4,
+                      max_seq_len=args.seq, tie_embeddings=True)
+    model = Llama(cfg).to(dev)
+    model.activation_checkpointing = opt.get("ac", False)
+    from quipu.trainer.train import OptimConfig, make_optimizer
+    optim = make_optimizer(model, OptimConfig(), dev)
+    fwd = torch.compile(model) if opt.get("compile") else model
+    x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=dev)
+    inp, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16) if args.bf16 else torch.autocast(dev.type, enabled=False)
+
+    def step():
+        with amp:
+            s, n = fwd(inp, None, None, targets=tgt)
+        (s / n).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    for _ in range(2):
+        step()
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    dt = time.perf_counter() - t
+    peak = (torch.cuda.max_memory_allocated() if dev.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"option": args.only, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+            "params": model.num_params(), "seq": args.seq, "batch": args.batch, "bf16": args.bf16,
+            "tokens_per_s": round(args.steps * args.batch * args.seq / dt, 1), "peak_mib": round(peak / 2**20, 1)}
+
+
+def all_options(args) -> int:
+    import subprocess
+    rows = []
+    for name in OPTIONS:
+        if "compile" in name and args.no_compile:
+            continue
+        cmd = [sys.executable, __file__, "--only", name, "--device", args.device, "--steps", str(args.steps),
+               "--seq", str(args.seq), "--batch", str(args.batch), "--threads", str(args.threads),
+               "--dim", str(args.dim), "--layers", str(args.layers)] + (["--bf16"] if args.bf16 else [])
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            print(f"{name}: failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+            continue
+        rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    base = next((r for r in rows if r["option"] == "plain"), None)
+    print(f"\n{'option':<34} {'tok/s':>10} {'x plain':>8} {'peak MiB':>10} {'x plain':>8}")
+    for r in rows:
+        print(f"{r['option']:<34} {r['tokens_per_s']:>10,.0f} {r['tokens_per_s'] / base['tokens_per_s'] if base else 0:>8.2f} "
+              f"{r['peak_mib']:>10,.0f} {r['peak_mib'] / base['peak_mib'] if base else 0:>8.2f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--options", action="store_true", help="tokens/s and peak memory per trainer option (ours only)")
+    ap.add_argument("--only", choices=list(OPTIONS), help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (the trainer's precision on a GPU)")
+    ap.add_argument("--no-compile", action="store_true", help="--options without the torch.compile rows")
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3, help="steps per round per model")
     ap.add_argument("--threads", type=int, default=2)
@@ -34,6 +118,11 @@ def main() -> int:
     ap.add_argument("--packed", action="store_true", help="ours with 4 documents per row (block-diagonal mask)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.only:
+        print(json.dumps(one_option(args)))
+        return 0
+    if args.options:
+        return all_options(args)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=32000, dim=512, n_layers=6, n_heads=8, n_kv_heads=8, ffn_dim=1408,
                       max_seq_len=args.seq, tie_embeddings=True)

@@ -185,9 +185,22 @@ class StepProgress:
                 f"{m.get('tokens_per_s', 0):>8,.0f} tok/s  ETA {duration(left)}")
         if m.get("eval_loss") is not None:
             line += f"  held-out loss {m['eval_loss']:.4f}"
+        if m.get("eval_by_source"):
+            line += "\n    held-out bits/byte " + format_eval_groups(m)
         if m.get("skipped"):
             line += f"  (skipped: {m['skipped']})"
         say(line)
+
+
+def format_eval_groups(m: dict) -> str:
+    """`all 2.31 | source en-web 2.10, es-news 2.52 | lang en 2.10, es 2.52` (bits per byte)."""
+    parts = [f"all {m['eval_bpb']:.4f}"]
+    for key, label in (("eval_by_source", "source"), ("eval_by_lang", "lang")):
+        parts.append(label + " " + ", ".join(f"{k} {v['bpb']:.4f}" for k, v in m.get(key, {}).items()))
+    for name, t in (m.get("eval_tasks") or {}).items():
+        if t.get("items"):
+            parts.append(f"task {name} acc {t['accuracy']:.3f} answer {t['answer_bpb']:.4f}")
+    return " | ".join(parts)
 
 
 class CountProgress:

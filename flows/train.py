@@ -24,7 +24,7 @@ from quipu.catalog.ownership import output_lock
 from quipu.catalog.errors import UserError
 from quipu.flows.run_names import train_name
 from quipu.flows.runners import checkout_warning, failed_run
-from quipu.flows.progress import StepProgress, say
+from quipu.flows.progress import StepProgress, format_eval_groups, say
 from quipu.trainer import continual
 from quipu.trainer.continual import NewVersion
 from quipu.trainer.data import blend_report, format_blend_report, resolve_phase_starts
@@ -63,6 +63,7 @@ class ProgressReporter:
         self.max_steps = max_steps
         self.console = StepProgress(max_steps)   # the terminal's line per logged step
         self.last = 0.0
+        self.eval_line = ""
         try:
             self.id = create_progress_artifact(progress=0.0, key=key, description="training steps done (%)")
         except Exception:   # artifacts are a view; training goes on without them
@@ -71,12 +72,15 @@ class ProgressReporter:
     def __call__(self, m: dict) -> None:
         self.console(m)
         now = time.monotonic()
-        if self.id is None or (now - self.last < 2 and m["step"] < self.max_steps):
+        if "eval_by_source" in m:
+            self.eval_line = f"step {m['step']}: held-out bits/byte " + format_eval_groups(m)
+        if self.id is None or (now - self.last < 2 and m["step"] < self.max_steps and "eval_by_source" not in m):
             return
         self.last = now
         from prefect.artifacts import update_progress_artifact
         try:
-            update_progress_artifact(self.id, progress=100.0 * m["step"] / self.max_steps)
+            update_progress_artifact(self.id, progress=100.0 * m["step"] / self.max_steps,
+                                     description="training steps done (%)" + (f"; {self.eval_line}" if self.eval_line else ""))
         except Exception:
             pass
 

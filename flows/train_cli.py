@@ -67,6 +67,9 @@ def cmd_train(args) -> int:
     print()
     print(f"trained {summary['params']:,} parameters for {summary['step']} steps: "
           f"loss {summary['final_loss']:.4f}, held-out loss {summary['eval_loss'] or float('nan'):.4f}")
+    if summary.get("eval_by_source"):
+        from quipu.flows.progress import format_eval_groups
+        print(f"held-out bits/byte: {format_eval_groups(summary)}")
     print(f"metrics:    {summary['metrics']}")
     print(f"loss curve: {summary.get('loss_curve')}")
     print(f"checkpoint: {summary['checkpoint']}")

@@ -1,6 +1,6 @@
 """Data-parallel training under torchrun (DDP, or FSDP2 with `distributed.strategy: fsdp`):
 
-    torchrun --nproc_per_node 2 -m flows.train_dist CONFIG [--output DIR] [--resume] [--max-steps N] [--set k=v]
+    torchrun --nproc_per_node 2 -m quipu.flows.train_dist CONFIG [--output DIR] [--resume] [--max-steps N] [--set k=v]
 
 Same config and run directory as `quipu train`. Rank 0 prepares the data (tokenizer, token shards:
 skipped when already done) while the other ranks wait; then every rank runs the trainer. No Prefect
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from quipu.trainer.prepare import prepare, resolve_sources
     from quipu.trainer.train import TrainConfig, TrainingDiverged, train
 
-    ap = argparse.ArgumentParser(prog="torchrun ... -m flows.train_dist")
+    ap = argparse.ArgumentParser(prog="torchrun ... -m quipu.flows.train_dist")
     ap.add_argument("config")
     ap.add_argument("--output")
     ap.add_argument("--resume", action="store_true")

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -281,13 +282,60 @@ def final_weights(run: Path) -> dict:
     return load_checkpoint(latest_checkpoint(run))["model"]
 
 
+TASK_ITEMS = [{"prompt": "The cat sees the", "choices": ["river near the house.", "zqxj vvkw pfft."], "answer": 0, "lang": "en"},
+              {"prompt": "El gato ve el", "choices": ["qqzx wvvk.", "río cerca de la casa."], "answer": "río cerca de la casa.", "lang": "es"},
+              {"prompt": "The dog runs", "choices": ["under the old bridge.", "over the green city."], "answer": 1, "lang": "en"}]
+
+
+def answer_bpb_by_hand(model, tok, items: list[dict]) -> tuple[float, float]:
+    """Accuracy and answer bits per byte through the model's own loss_sum (targets masked to the answer)."""
+    nll = nbytes = correct = 0
+    for it in items:
+        per_byte = []
+        for c in it["choices"]:
+            ctx, cont = tok.encode(it["prompt"], bos=True), tok.encode(c, bos=False)
+            ids = torch.tensor([ctx + cont])
+            y = ids[:, 1:].clone()
+            y[:, :len(ctx) - 1] = -100
+            with torch.no_grad():
+                s, _ = model.loss_sum(ids[:, :-1], y)
+            per_byte.append((float(s), len(c.encode())))
+        ans = it["answer"] if isinstance(it["answer"], int) else it["choices"].index(it["answer"])
+        nll += per_byte[ans][0]
+        nbytes += per_byte[ans][1]
+        correct += min(range(len(per_byte)), key=lambda k: per_byte[k][0] / per_byte[k][1]) == ans
+    return correct / len(items), nll / math.log(2) / nbytes
+
+
 def test_resume_is_exact(prepared, tmp_path):
     straight = new_run(prepared, tmp_path, "straight")
-    cfg = load_config(TrainConfig, data=base_config(straight))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ITEMS))
+    cfg = load_config(TrainConfig, data=base_config(straight, **{"eval.tasks": [
+        {"path": str(tasks), "name": "toy"}, {"benchmark": "humaneval", "max_items": 2, "lang": "code"}]}))
     s = train(cfg, straight)
     assert s["step"] == 8 and len(losses(straight)) == 8
     assert losses(straight)[-1] < losses(straight)[0]
     assert (straight / "loss.png").stat().st_size > 1000
+    # held-out bits per byte per source and per language at every eval step (4 and 8)
+    evals = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines() if "eval_bpb" in x]
+    assert [r["step"] for r in evals] == [4, 8]
+    for r in evals:
+        assert set(r["eval_by_source"]) == {"tr-en", "tr-es"} and set(r["eval_by_lang"]) == {"en", "es"}
+        assert all(0 < v["bpb"] < 10 and v["loss"] > 0 for v in r["eval_by_source"].values())
+    assert evals[1]["eval_by_source"]["tr-en"]["bpb"] < evals[0]["eval_by_source"]["tr-en"]["bpb"]
+    # the synthetic en and es sources are the en and es languages: same documents, same figures
+    assert evals[1]["eval_by_lang"]["es"] == evals[1]["eval_by_source"]["tr-es"]
+    # task files scored by log-likelihood: the final eval agrees with the model's own loss on the answers
+    toy, he = evals[1]["eval_tasks"]["toy"], evals[1]["eval_tasks"]["humaneval"]
+    assert toy["items"] == 3 and set(toy["by_lang"]) == {"en", "es"} and he["items"] == 2 and he["answer_bpb"] > 0
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from quipu.trainer.tokenizer import TextTokenizer
+    ck = load_checkpoint(latest_checkpoint(straight))
+    model = Llama(ModelConfig.model_validate(ck["model_config"]))
+    model.load_state_dict(ck["model"])
+    acc, bpb = answer_bpb_by_hand(model.eval(), TextTokenizer.load(json.loads((straight / "prepared.json").read_text())["tokenizer"]), TASK_ITEMS)
+    assert toy["accuracy"] == pytest.approx(acc) and toy["answer_bpb"] == pytest.approx(bpb, abs=2e-6)
 
     split = new_run(prepared, tmp_path, "split")
     cfg_stop = load_config(TrainConfig, data=base_config(split, **{"train.stop_at_step": 4}))
@@ -433,8 +481,13 @@ def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server, capsys):
     cfg.write_text(json.dumps(base_config(tmp_path / "unused")))
     out = tmp_path / "cli-run"
     assert main(["train", str(cfg), "--output", str(out), "--max-steps", "4", "--set", "export_hf=true"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert f"loss curve: {out / 'loss.png'}" in printed and "sample:" in printed
+    # per-source and per-language held-out bits per byte: in the summary (stdout) and on the eval step's line (stderr)
+    groups = r"all [\d.]+ \| source tr-en [\d.]+, tr-es [\d.]+ \| lang en [\d.]+, es [\d.]+"
+    assert re.search("held-out bits/byte: " + groups, printed), printed
+    assert re.search(r"step +4/4 .*\n +held-out bits/byte " + groups, captured.err), captured.err[-2000:]
     assert (out / "loss.png").exists() and (out / "hf" / "config.json").exists()
     assert len(losses(out)) == 4
     assert main(["export", str(out), "--hf", str(tmp_path / "hf2")]) == 0
@@ -442,3 +495,217 @@ def test_cli_train_flow_and_export(prepared, tmp_path, prefect_server, capsys):
     model = registry.get_model(None, "llm")
     assert model is not None and model["path"] == str(out / "hf")
     assert main(["export", str(tmp_path / "nowhere"), "--hf", str(tmp_path / "hf3")]) == 2
+
+
+# ---- sharded checkpoints (torch.distributed.checkpoint) ----------------------------------------------
+
+def test_sharded_checkpoint_one_process_resumes_exactly_and_loads_safely(prepared, tmp_path):
+    """format: sharded without torchrun: a DCP folder per checkpoint, keep_last, exact resume, and
+    metadata that would unpickle code is refused."""
+    from quipu.trainer.checkpoint import UnsafeCheckpoint, list_checkpoints, load_sharded
+    over = {"checkpoint.format": "sharded", "checkpoint.every": 2, "checkpoint.keep_last": 2}
+    straight = new_run(prepared, tmp_path, "sh-straight")
+    train(load_config(TrainConfig, data=base_config(straight, **over)), straight)
+    cks = list_checkpoints(straight)
+    assert [p.name for p in cks] == ["step-0000006", "step-0000008"] and all(p.is_dir() for p in cks)
+    split = new_run(prepared, tmp_path, "sh-split")
+    train(load_config(TrainConfig, data=base_config(split, **over, **{"train.stop_at_step": 4})), split)
+    train(load_config(TrainConfig, data=base_config(split, **over, **{"checkpoint.async_save": True})), split, resume=True)
+    assert losses(split) == losses(straight)
+
+    # `quipu export --hf` of a sharded checkpoint (streamed tensor by tensor): transformers' logits are ours
+    from transformers import AutoModelForCausalLM
+
+    from quipu.trainer.export import export_hf
+    hf = AutoModelForCausalLM.from_pretrained(export_hf(straight, tmp_path / "hf"), dtype=torch.float32).eval()
+    mcfg = ModelConfig.model_validate(torch.load(cks[-1] / "trainer.pt", weights_only=True)["model_config"])
+    ours = Llama(mcfg)
+    load_sharded(cks[-1], ours, None)
+    ids = torch.randint(0, mcfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours.eval()(ids), atol=1e-5, rtol=1e-5)
+    # the BPB scorer (ablate's) reads a sharded checkpoint as it reads a one-file one
+    from quipu.trainer.bpb import HeldoutDoc, score_checkpoint, score_hf
+    doc = [HeldoutDoc("s", "en", "0", "the cat sees the river near the old house")]
+    tok_dir = json.loads((prepared / "prepared.json").read_text())["tokenizer"]
+    assert score_checkpoint(cks[-1], tok_dir, doc, 32)[0].nll == pytest.approx(score_hf(tmp_path / "hf", doc, 32)[0].nll, rel=1e-5)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    import pickle
+    meta = cks[-1] / "state" / ".metadata"
+    meta.write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(UnsafeCheckpoint, match="posix.system|os.system"):
+        load_sharded(cks[-1], ours, None)
+
+
+KILL_MID_SAVE = '''
+import os, signal, sys
+import torch.distributed.checkpoint.filesystem as fs
+from quipu.trainer import checkpoint
+saving = {"step": 0}
+start, write_item = checkpoint.ShardedSave.start, fs._write_item
+def start_(self, *a, **k):
+    saving["step"] = self.step
+    return start(self, *a, **k)
+def write_item_(*a, **k):
+    # rank 1 dies inside DCP's write of the step-%d checkpoint, its shards half written
+    if saving["step"] == %d and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write_item(*a, **k)
+checkpoint.ShardedSave.start, fs._write_item = start_, write_item_
+from quipu.flows.train_dist import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def torchrun(nproc: int, cfg: dict, tmp_path: Path, *args: str, script: str | None = None) -> subprocess.CompletedProcess:
+    cfg_path = tmp_path / f"cfg-{abs(hash(cfg['output']))}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    target = [script] if script else ["-m", "quipu.flows.train_dist"]
+    port = 29000 + (os.getpid() * 7 + len(cfg["output"]) * 13 + nproc) % 3000
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
+           *target, str(cfg_path), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
+    """FSDP2 on 2 gloo ranks, DCP checkpoints every 2 steps. Rank 1 is SIGKILLed while writing step 6:
+    step 4 stays the newest checkpoint; resuming it on 2 ranks and on 1 process (2 -> 1), and a
+    1-process sharded step 4 resumed on 2 ranks (1 -> 2), all reach step 8 with the losses of the
+    uninterrupted 2-rank run within 1e-5."""
+    from quipu.trainer.checkpoint import list_checkpoints
+    over = {"train.max_steps": 8, "checkpoint.every": 2, "checkpoint.keep_last": 2, "eval.every": 100,
+            "eval.sample_tokens": 0, "distributed.strategy": "fsdp"}
+    straight = new_run(prepared, tmp_path, "dcp-straight")
+    r = torchrun(2, base_config(straight, **over), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base = losses(straight)
+    assert len(base) == 8 and sorted(p.name for p in (straight / "checkpoints" / "step-0000008").iterdir()) == \
+        ["rng-0.pt", "rng-1.pt", "state", "trainer.pt"]
+
+    killed = new_run(prepared, tmp_path, "dcp-killed")
+    script = tmp_path / "kill_mid_save.py"
+    script.write_text(KILL_MID_SAVE % (6, 6))
+    r = torchrun(2, base_config(killed, **over), tmp_path, script=str(script))
+    assert r.returncode != 0 and "SIGKILL" in r.stderr + r.stdout, r.stderr[-2000:]
+    assert [p.name for p in list_checkpoints(killed)] == ["step-0000002", "step-0000004"]
+    partial = [p for p in (killed / "checkpoints").iterdir() if p.name.startswith(".tmp-quipu-step-0000006")]
+    assert partial and (partial[0] / "state").is_dir()       # half a save, never a checkpoint
+    on_one = tmp_path / "dcp-killed-1"
+    shutil.copytree(killed, on_one)
+
+    r = torchrun(2, base_config(killed, **over, **{"checkpoint.async_save": True}), tmp_path, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not partial[0].exists()                            # cleaned up on the next start
+    assert [p.name for p in list_checkpoints(killed)] == ["step-0000006", "step-0000008"]   # async saves, in place
+    np.testing.assert_allclose(losses(killed), base, rtol=0, atol=1e-5)
+
+    train(load_config(TrainConfig, data=base_config(on_one, **over)), on_one, resume=True)     # 2 -> 1
+    np.testing.assert_allclose(losses(on_one), base, rtol=0, atol=1e-5)
+
+    from_one = new_run(prepared, tmp_path, "dcp-from-1")                                        # 1 -> 2
+    train(load_config(TrainConfig, data=base_config(from_one, **over, **{"train.stop_at_step": 4,
+                                                                          "checkpoint.format": "sharded"})), from_one)
+    r = torchrun(2, base_config(from_one, **over), tmp_path, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    np.testing.assert_allclose(losses(from_one), base, rtol=0, atol=1e-5)
+
+
+INIT_FROM_PROBE = '''
+import json, os, resource, sys
+import torch, transformers, safetensors.torch  # imported before measuring: the load is what is measured
+import torch.distributed.fsdp, torch.distributed.tensor._utils
+from quipu.trainer.train import Dist, TrainConfig, init_model
+folder, out = sys.argv[1], sys.argv[2]
+cfg = TrainConfig.model_validate({"data": {"phases": [{"sources": [{"dataset": "unused", "weight": 1.0}]}]},
+                                  "model": {"init_from": folder}, "distributed": {"strategy": "fsdp"}})
+def rss_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
+world = Dist(torch.device("cpu"))
+before = rss_mb()
+raw, model, mcfg = init_model(cfg, 0, torch.device("cpu"), world)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+ids = torch.arange(24).reshape(2, 12) * 37 % mcfg.vocab_size
+with torch.no_grad():
+    logits = model.eval()(ids)
+if world.rank == 0:
+    torch.save(logits, os.path.join(out, "logits.pt"))
+with open(os.path.join(out, f"probe-{world.rank}.json"), "w") as fh:
+    json.dump({"world": world.world, "rank": world.rank, "load_mb": round(peak - before, 1), "peak_mb": round(peak, 1)}, fh)
+if world.enabled:
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_init_from_loads_each_ranks_slices(tmp_path):
+    """model.init_from a HF Llama folder under FSDP2 on 2 gloo ranks: built on the meta device and
+    filled with each rank's slices, the logits are transformers'; the memory the load costs each rank
+    is about half of what one process needs for the whole model (printed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=12,
+                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
+                                      tie_word_embeddings=False)).eval()
+    folder = tmp_path / "hf-llama"
+    hf.save_pretrained(folder, safe_serialization=True)
+    size_mb = sum(p.numel() * 4 for p in hf.parameters()) / 2**20
+    probe = tmp_path / "probe.py"
+    probe.write_text(INIT_FROM_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"out{n}"
+        out.mkdir()
+        launch = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                                  "--master_port", str(29000 + (os.getpid() * 11) % 3000)]
+        r = subprocess.run([*launch, str(probe), str(folder), str(out)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[n] = [json.loads((out / f"probe-{rank}.json").read_text()) for rank in range(n)]
+        ids = torch.arange(24).reshape(2, 12) * 37 % 8192
+        with torch.no_grad():
+            torch.testing.assert_close(torch.load(out / "logits.pt"), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    single = runs[1][0]["load_mb"]
+    per_rank = [r["load_mb"] for r in runs[2]]
+    print(f"\ninit_from of a {size_mb:.0f} MiB model: load RSS one process {single} MiB, per rank of 2 {per_rank} MiB "
+          f"(ratio {max(per_rank) / single:.2f}); peak RSS one process {runs[1][0]['peak_mb']} MiB, "
+          f"per rank {[r['peak_mb'] for r in runs[2]]} MiB")
+    assert len(per_rank) == 2 and single > 0.8 * size_mb
+    assert max(per_rank) < 0.7 * single
+
+
+def test_context_stages_change_rows_rope_and_schedule_and_resume_exactly(prepared, tmp_path):
+    """A second phase with longer rows (64 tokens), a new RoPE base and its own warm-up: its batches
+    are packed at 64 with the document mask, the rotary tables use the new base, the LR re-warms,
+    the checkpoint (and so an export) records the base; a run stopped inside that phase resumes to
+    the same losses."""
+    from quipu.trainer.train import Trainer
+    src = [{"dataset": "tr-en", "weight": 0.7}, {"dataset": "tr-es", "weight": 0.3}]
+    over = {"data.phases": [{"name": "short", "sources": src},
+                            {"name": "long", "start_step": 4, "sources": src, "seq_len": 64, "rope_theta": 50000.0,
+                             "lr_schedule": "rewarm", "warmup_steps": 2, "lr": 1e-3}],
+            "schedule.warmup_steps": 1}
+    straight = new_run(prepared, tmp_path, "stages")
+    cfg = load_config(TrainConfig, data=base_config(straight, **over))
+    t = Trainer(cfg, straight)
+    x, y, pos, seg = t.batcher.rows(5, range(2))
+    assert x.shape == (2, 64) and t.batcher.rows(3, range(2))[0].shape == (2, 32)
+    assert (pos[seg != seg[:, :1]] >= 0).all() and (y[:, :-1][np.diff(seg, axis=1) != 0] == -100).all()
+    assert t.lr_at(4) == pytest.approx(1e-3 * 0.5) and t.lr_at(5) == pytest.approx(1e-3)   # re-warmed over 2 steps
+    assert t.lr_at(3) == pytest.approx(3e-3 * cfg.schedule.fraction(3, 8))                 # the first phase's schedule
+    t.run()
+    assert t.raw_model.rotary.theta == 50000.0
+    rows = [json.loads(r) for r in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows][3:5] == [4 * 4 * 32, 4 * 4 * 32 + 4 * 64]
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    assert load_checkpoint(latest_checkpoint(straight))["model_config"]["rope_theta"] == 50000.0
+
+    split = new_run(prepared, tmp_path, "stages-split")
+    train(load_config(TrainConfig, data=base_config(split, **over, **{"train.stop_at_step": 6, "checkpoint.every": 2})), split)
+    train(load_config(TrainConfig, data=base_config(split, **over)), split, resume=True)
+    assert losses(split) == losses(straight)

@@ -1,31 +1,49 @@
-"""Checkpoints: model, optimizer, schedule state, RNG states and the data position in one file,
-written atomically (temporary name + rename) every N steps; the last K are kept.
+"""Checkpoints: model, optimizer, schedule state, RNG states and the data position, written
+atomically every N steps; the last K are kept. Two formats:
 
-`RUN_DIR/checkpoints/step-0000100.pt`. Resuming loads the newest one and continues exactly: the
-data stream is indexed by step (see trainer.data), so the step and the skip offset are the data
-position.
+- one file, `RUN_DIR/checkpoints/step-0000100.pt` (one process: written by rank 0 from full state
+  dicts);
+- sharded, `RUN_DIR/checkpoints/step-0000100/` (torchrun): `torch.distributed.checkpoint` (DCP),
+  every rank writing its own shards of model and optimizer state (`state/`), plus `trainer.pt`
+  (schedule, spike guard, data position, config) and `rng-RANK.pt`. It is written under a
+  temporary name and renamed by rank 0 once every rank has finished, so a save killed halfway
+  leaves the previous checkpoint the newest; the half-written folder is removed on the next start.
+  DCP reshards on load: a checkpoint saved by N ranks resumes on M (one process included), since
+  it is addressed by parameter name and global offsets, not by rank.
+
+Resuming loads the newest one and continues exactly: the data stream is indexed by step (see
+trainer.data), so the step and the skip offset are the data position. Both formats load without
+unpickling code: `torch.load(weights_only=True)`, and DCP's metadata through an allow-list.
 """
 from __future__ import annotations
 
+import io
+import os
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.catalog.errors import UserError
-from quipu.catalog.files import atomic_path
+from quipu.catalog.files import TMP_PREFIX, atomic_path, default_mode
 
-NAME = re.compile(r"^step-(\d{7,})\.pt$")
+NAME = re.compile(r"^step-(\d{7,})(?:\.pt)?$")   # step-0000100.pt (one file) or step-0000100/ (sharded)
 
 
 class CheckpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     every: int = Field(100, gt=0, description="write a checkpoint every N steps (and at the end)")
     keep_last: int = Field(3, ge=1, description="checkpoints kept; older ones are deleted")
+    format: Literal["auto", "single", "sharded"] = Field(
+        "auto", description="auto: sharded (DCP, a folder of per-rank shards) under torchrun, one file otherwise")
+    async_save: bool = Field(False, description="sharded: write in a background thread while training goes on "
+                                                "(the checkpoint becomes visible when it is complete)")
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -36,7 +54,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in d.iterdir()
+             if (m := NAME.match(p.name)) and (p.is_dir() if p.suffix != ".pt" else p.is_file())]
     return [p for _, p in sorted(found)]
 
 
@@ -78,9 +97,20 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, keep_last: int)
     path = checkpoint_dir(run_dir) / f"step-{step:07d}.pt"
     with atomic_path(path) as tmp:
         torch.save(state | {"step": step, "rng": rng_state()}, tmp)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
+    prune(run_dir, keep_last)
     return path
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def step_of(path: Path) -> int:
+    return int(NAME.match(path.name).group(1))
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -94,3 +124,198 @@ def load_checkpoint(path: str | Path) -> dict:
         first = lines[0] if lines else type(e).__name__
         raise UnsafeCheckpoint(f"refusing to load {path}: it holds objects other than tensors and plain data "
                                f"({first[:160]}); it was not written by this version of quipu, or was tampered with") from None
+
+
+# ---- sharded (torch.distributed.checkpoint) ------------------------------------------------------
+
+def sharded_wanted(cfg: CheckpointConfig, torchrun: bool) -> bool:
+    return cfg.format == "sharded" or (cfg.format == "auto" and torchrun)
+
+
+def remove_partial_saves(run_dir: str | Path) -> int:
+    """Delete the folders of sharded saves that were killed before they completed (rank 0, at start)."""
+    d = checkpoint_dir(run_dir)
+    gone = 0
+    if d.is_dir():
+        for p in d.glob(TMP_PREFIX + "step-*"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+                gone += 1
+    return gone
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _no_dist() -> bool:
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+_ASYNC_GROUP = []
+
+
+def _async_group():
+    import torch.distributed as dist
+    if _no_dist():
+        return None
+    if not _ASYNC_GROUP:
+        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))   # every rank reaches here at the same save
+    return _ASYNC_GROUP[0]
+
+
+class ShardedSave:
+    """One sharded save in progress: `start` writes (or, async, begins writing) every rank's shards
+    into a temporary folder; `finish` waits for them and renames the folder into place (rank 0),
+    then keeps the last `keep_last`. Every rank calls both."""
+
+    def __init__(self, run_dir: str | Path, step: int, keep_last: int):
+        self.run_dir, self.step, self.keep_last = Path(run_dir), step, keep_last
+        self.final = checkpoint_dir(run_dir) / f"step-{step:07d}"
+        self.tmp = checkpoint_dir(run_dir) / f"{TMP_PREFIX}step-{step:07d}"
+        self.future = None
+
+    def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict,
+              asynchronous: bool = False) -> "ShardedSave":
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        rank = _rank()
+        if rank == 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)   # each rank's own shards (DTensors under FSDP2)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        if asynchronous:
+            # its own gloo group: the background thread's collectives must not interleave with training's
+            self.future = dcp.async_save(state, checkpoint_id=str(self.tmp / "state"), no_dist=_no_dist(),
+                                         process_group=_async_group())
+        else:
+            dcp.save(state, checkpoint_id=str(self.tmp / "state"), no_dist=_no_dist())
+        torch.save(rng_state(), self.tmp / f"rng-{rank}.pt")
+        if rank == 0:
+            torch.save(trainer_state | {"step": self.step}, self.tmp / "trainer.pt")
+        return self
+
+    def finish(self) -> Path:
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+        _barrier()
+        if _rank() == 0:
+            for root, dirs, files in os.walk(self.tmp):
+                for f in files:
+                    with open(os.path.join(root, f), "rb") as fh:
+                        os.fsync(fh.fileno())
+                os.chmod(root, default_mode(directory=True))
+            os.replace(self.tmp, self.final)
+            prune(self.run_dir, self.keep_last)
+        _barrier()
+        return self.final
+
+
+# DCP's `.metadata` is a pickle of its own dataclasses: unpickled through this allow-list, never freely
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner",
+                     "torch.distributed.checkpoint.filesystem", "torch.distributed.checkpoint._extension",
+                     "torch.distributed.checkpoint.storage")
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                     ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module.startswith(_METADATA_MODULES) or (module, name) in _METADATA_GLOBALS
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global {module}.{name} in a checkpoint's metadata")
+
+
+def _safe_reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as fh:
+                try:
+                    metadata = _MetadataUnpickler(fh).load()
+                except pickle.UnpicklingError as e:
+                    raise UnsafeCheckpoint(f"refusing to load {path}: {e}") from None
+            if getattr(metadata, "storage_meta", None) is None:
+                from torch.distributed.checkpoint.metadata import StorageMeta
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def _safe_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafePlanner(DefaultLoadPlanner):
+        """Plain data (optimizer hyper-parameters) loads with `weights_only=True`, as in the one-file format."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
+def read_trainer_state(path: Path) -> dict:
+    """`trainer.pt` of a sharded checkpoint (step, schedule, config) and this rank's RNG state
+    (rank 0's when this rank did not exist in the run that saved it)."""
+    state = load_checkpoint(path / "trainer.pt")
+    rng = path / f"rng-{_rank()}.pt"
+    state["rng"] = load_checkpoint(rng if rng.exists() else path / "rng-0.pt")
+    return state
+
+
+def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Loads a sharded checkpoint into `model` (and `optimizer`) whatever their sharding now: each
+    rank reads the slices it holds. Returns the trainer state (see `read_trainer_state`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, set_state_dict, \
+        set_model_state_dict
+    if optimizer is not None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    reader = _safe_reader(path / "state")
+    reader.read_metadata()    # refused here with its own message (inside dcp.load it would be wrapped)
+    dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=_no_dist())
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    else:
+        set_model_state_dict(model, state["model"])
+    return read_trainer_state(path)
+
+
+def sharded_tensor_specs(path: Path, prefix: str = "model.") -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Name -> (shape, dtype) of every tensor under `prefix` in a sharded checkpoint, from its metadata."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    meta = _safe_reader(path / "state").read_metadata()
+    return {k[len(prefix):]: (m.size, m.properties.dtype) for k, m in meta.state_dict_metadata.items()
+            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+
+
+def read_sharded_tensor(path: Path, name: str, shape, dtype) -> torch.Tensor:
+    """One full tensor of a sharded checkpoint's model (its shards joined), read without the rest."""
+    import torch.distributed.checkpoint as dcp
+    t = torch.empty(shape, dtype=dtype)
+    holder = {"model": {name: t}}
+    dcp.load(holder, storage_reader=_safe_reader(path / "state"), planner=_safe_planner(), no_dist=True)
+    return holder["model"][name]

@@ -198,6 +198,15 @@ class PhaseSpec(BaseModel):
     start_step: int | None = Field(None, ge=0, description="the step this phase starts at")
     start_lr_fraction: float | None = Field(None, gt=0, lt=1, description="...or the step where LR has decayed to this fraction of its peak")
     order: Literal["shuffle", "ppl_wayra"] = Field("shuffle", description="ppl_wayra: curriculum, ascending perplexity; shuffle: random order (the control)")
+    # stages of context: a phase may train longer rows with another RoPE base (e.g. 4K -> 32K, theta 5e5 -> 4e6)
+    seq_len: int | None = Field(None, gt=1, description="tokens per row in this phase (default data.seq_len): packing and "
+                                                       "the document mask follow it; the global batch stays train.batch_size rows")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base from this phase on (default: model.rope_theta)")
+    lr_schedule: Literal["continue", "rewarm"] = Field(
+        "continue", description="continue: the run's schedule goes on; rewarm: this phase warms up again to `lr` "
+                                "(default optim.lr) over `warmup_steps` and decays by schedule.kind to its own end")
+    warmup_steps: int | None = Field(None, ge=0, description="rewarm: warm-up steps of this phase (default schedule.warmup_steps)")
+    lr: float | None = Field(None, gt=0, description="rewarm: the phase's peak learning rate (default optim.lr)")
 
     @model_validator(mode="after")
     def _blend(self):
@@ -210,6 +219,8 @@ class PhaseSpec(BaseModel):
             total = sum(s.weight for s in self.sources)
             if abs(total - 1.0) > WEIGHT_TOLERANCE:
                 raise ValueError(f"phase {self.name!r}: source weights sum to {total:g}, not 1")
+        if self.lr_schedule == "continue" and (self.warmup_steps is not None or self.lr is not None):
+            raise ValueError(f"phase {self.name!r}: warmup_steps and lr apply to lr_schedule: rewarm")
         names = [s.key for s in self.sources]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -291,6 +302,7 @@ class SourceData:
     train_docs: np.ndarray      # indices into `train` of documents used for training
     eval_docs: np.ndarray       # held-out documents
     copies: np.ndarray | None = None   # per train_docs entry: times per epoch (by dup_count); None: once
+    eval_lang: list[str] | None = None  # language of each held-out document (curated `lang`), for per-language eval
 
     @property
     def train_tokens(self) -> int:
@@ -463,9 +475,13 @@ class Batcher:
                 return p
         return self.phases[0]
 
+    def tokens_until(self, step: int) -> int:
+        """Training tokens in steps [0, step) (phases may differ in seq_len)."""
+        return sum(max(0, min(step, p.end_step) - p.start_step) * p.seq_len * self.rows_per_step for p in self.phases)
+
     def _window(self, p: PhaseStream, j: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens [j·L, j·L+L+1) of the phase stream and a flag per token: 1 where a document starts."""
-        L = self.seq_len
+        L = p.seq_len
         start = (j * L) % max(1, p.num_tokens - L)   # wraps only past the phase's budget (data skipped after a rollback)
         end = start + L + 1
         d = int(np.searchsorted(p.ends, start, side="right"))

@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -81,11 +82,21 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_pos: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+        self.head_dim, self.max_pos, self.theta = head_dim, max_pos, theta
+        cos, sin = self.tables()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def tables(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        hd = self.head_dim
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+        freqs = torch.outer(torch.arange(self.max_pos, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        return emb.cos(), emb.sin()
+
+    def reset(self, device: torch.device) -> None:
+        """Recompute the tables (after `to_empty` of a model built on the meta device)."""
+        self.cos, self.sin = self.tables(device)
 
     def forward(self, position_ids: torch.Tensor | None, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         if position_ids is None:
@@ -171,6 +182,7 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.activation_checkpointing = False   # set by the trainer (train.activation_checkpointing)
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -205,7 +217,11 @@ class Llama(nn.Module):
         cos, sin = self.rotary(position_ids, T)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                # keep only the block's input; its activations are recomputed in the backward
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask)
         return self.norm(x)
 
     def forward(self, input_ids, position_ids=None, segment_ids=None, targets=None):

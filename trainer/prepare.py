@@ -205,8 +205,25 @@ def load_sources(data: DataConfig, prepared: dict, seed: int) -> list[SourceData
             selected = np.flatnonzero(mask)
             if spec.dup_upsample_cap is not None:
                 copies = dup_copies(table, spec.dup_upsample_cap, f"source {key!r}")[mask]
-        sources.append(split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies))
+        src = split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies)
+        src.eval_lang = document_langs(markers, tokens, src.eval_docs)
+        sources.append(src)
     return sources
+
+
+def document_langs(markers: list[dict], tokens: TokenShards, docs: np.ndarray) -> list[str]:
+    """The curated `lang` of documents `docs` (token-shard order), reading the column of only the
+    shards that hold them (one at a time); "und" where a shard has none."""
+    first = np.searchsorted(tokens.doc_shard, np.arange(len(markers)))   # each shard's first document
+    langs: dict[int, str] = {}
+    for shard in np.unique(tokens.doc_shard[docs]).tolist():
+        path = markers[shard]["input"]
+        if "lang" not in pq.read_schema(path).names:
+            continue
+        column = pq.read_table(path, columns=["lang"]).column("lang")
+        for i in docs[tokens.doc_shard[docs] == shard].tolist():
+            langs[i] = column[i - int(first[shard])].as_py()
+    return [str(langs.get(int(i)) or "und") for i in docs]
 
 
 def document_columns(markers: list[dict], columns: list[str]):

@@ -1,9 +1,12 @@
-"""The training loop: AdamW, warm-up + cosine/linear/WSD schedule to a floor, gradient clipping and
-accumulation, bf16 autocast where supported, optional torch.compile, held-out loss, checkpoints with
-exact resume, a loss-spike guard, and DDP/FSDP2 through torchrun (gloo on CPU).
+"""The training loop: AdamW, warm-up + cosine/linear/WSD schedule to a floor (or per phase, re-warmed),
+gradient clipping and accumulation, bf16 autocast where supported, optional torch.compile and
+activation checkpointing, held-out loss and bits per byte per source and language, task files,
+checkpoints with exact resume (one file, or sharded with DCP under torchrun, resharded on load), a
+loss-spike guard, and DDP/FSDP2 through torchrun (gloo on CPU). Phases may change seq_len and the
+RoPE base (stages of context); `model.init_from` a HF folder loads each rank's slices only.
 
     quipu train CONFIG [--resume]                                        # one process, as a Prefect flow
-    torchrun --nproc_per_node 2 -m flows.train_dist CONFIG --output RUN_DIR  # data parallel (flows/train_dist.py)
+    torchrun --nproc_per_node 2 -m quipu.flows.train_dist CONFIG --output RUN_DIR  # data parallel (flows/train_dist.py)
 
 The loss of a step is Σ token losses / number of target tokens in the whole global batch, whatever
 the split into ranks and micro-batches, so one process and N processes train the same model.
@@ -27,7 +30,10 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
-from quipu.trainer.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_sharded,
+                                     read_trainer_state, remove_partial_saves, save_checkpoint, set_rng_state,
+                                     sharded_wanted)
+from quipu.trainer.bpb import TaskFile
 from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts
 from quipu.trainer.model import Llama, ModelConfig, pad_vocab
 from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
@@ -78,6 +84,8 @@ class LoopConfig(BaseModel):
     micro_batch: int = Field(8, gt=0, description="rows per forward/backward on one rank (gradient accumulation makes up the rest)")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that supports it, else fp32")
     compile: bool = False
+    activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
+                                                              "instead of keeping them: less memory, about a third more compute")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's)")
     log_every: int = Field(1, gt=0)
@@ -89,6 +97,10 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     every: int = Field(100, gt=0, description="held-out loss and perplexity every N steps (and at the end)")
     rows: int = Field(16, gt=0, description="held-out rows of seq_len tokens")
+    per_source: bool = Field(True, description="also score every source's held-out documents: bits per byte and loss "
+                                               "per source and per language (data.eval_docs_per_source documents each)")
+    tasks: list[TaskFile] = Field(default_factory=list, description="task files scored by log-likelihood at every eval: "
+                                                                    "accuracy and answer bits per byte, per language")
     sample_prompt: str = "The"
     sample_tokens: int = Field(40, ge=0)
 
@@ -135,6 +147,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below train.max_steps ({t.max_steps})")
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        for i, p in enumerate(self.data.phases):
+            if p.seq_len and p.seq_len > self.model.max_seq_len and not self.model.init_from:
+                raise ValueError(f"data.phases[{i}].seq_len ({p.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
         return self
 
 
@@ -202,6 +217,51 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[Llama, ModelConfig]:
     mcfg = mcfg.model_copy(update={"vocab_size": mcfg.vocab_size or pad_vocab(vocab_size)})
     torch.manual_seed(cfg.seed)
     return Llama(mcfg), mcfg
+
+
+def init_model(cfg: TrainConfig, vocab_size: int, device: torch.device, world: Dist) -> tuple[Llama, torch.nn.Module, ModelConfig]:
+    """(the model, what the loop calls: the model itself, FSDP2-sharded in place, or its DDP wrapper,
+    the model's config).
+
+    `model.init_from` a HF folder with safetensors: the model is built on the meta device (no
+    memory), sharded, materialised empty and filled with each rank's own slices from the files, so
+    continued pre-training works for models bigger than one rank's memory. Other models are built
+    whole (same seed on every rank) and sharded after."""
+    from quipu.trainer.export import load_slices, pretrained_config, safetensors_files
+    fsdp = world.enabled and cfg.distributed.strategy == "fsdp"
+    folder = cfg.model.init_from if cfg.model.init_from and cfg.model.init_from != "smollm2" else None
+    if folder and Path(folder).is_dir() and safetensors_files(folder):
+        mcfg = pretrained_config(folder, cfg.model)
+        if mcfg.vocab_size < vocab_size:
+            raise BlendError(f"model.init_from: its vocabulary ({mcfg.vocab_size}) is smaller than the tokenizer's ({vocab_size}); "
+                             "use the model's own tokenizer (tokenizer.kind=smollm2 or file)")
+        with torch.device("meta"):
+            model = Llama(mcfg)
+        if fsdp:
+            shard_fsdp(model)
+        model.to_empty(device=device)
+        if mcfg.tie_embeddings and not fsdp:
+            model.lm_head.weight = model.embed_tokens.weight    # to_empty gives every parameter its own storage
+        load_slices(model, folder)
+        model.rotary.reset(device)
+    else:
+        model, mcfg = build_model(cfg, vocab_size)
+        model.to(device)
+        if fsdp:
+            shard_fsdp(model)
+    model.activation_checkpointing = cfg.train.activation_checkpointing
+    if world.enabled and not fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return model, DDP(model, device_ids=[device.index] if device.type == "cuda" else None), mcfg
+    return model, model, mcfg
+
+
+def shard_fsdp(model: Llama) -> None:
+    """FSDP2: each block is its own unit (gathered for its forward, freed after), the rest the root."""
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
@@ -274,7 +334,9 @@ class Metrics:
             return None
         tr = [(r["step"], r["loss"]) for r in self.rows if r.get("loss") is not None]
         ev = [(r["step"], r["eval_loss"]) for r in self.rows if r.get("eval_loss") is not None]
-        fig, ax = plt.subplots(figsize=(7, 4))
+        groups = [r for r in self.rows if "eval_by_source" in r]
+        fig, axes = plt.subplots(1, 2 if groups else 1, figsize=(12 if groups else 7, 4), squeeze=False)
+        ax = axes[0][0]
         if tr:
             ax.plot(*zip(*tr), label="train loss", lw=1)
         if ev:
@@ -283,6 +345,16 @@ class Metrics:
         ax.set_ylabel("loss (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend()
+        if groups:   # held-out bits per byte per source (solid) and per language (dashed)
+            bx = axes[0][1]
+            for key, style in (("eval_by_source", "o-"), ("eval_by_lang", "s--")):
+                for name in sorted({k for r in groups for k in r[key]}):
+                    pts = [(r["step"], r[key][name]["bpb"]) for r in groups if name in r[key]]
+                    bx.plot(*zip(*pts), style, ms=3, label=("" if key == "eval_by_source" else "lang ") + name)
+            bx.set_xlabel("step")
+            bx.set_ylabel("held-out bits per byte")
+            bx.grid(alpha=0.3)
+            bx.legend(fontsize=8)
         fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
@@ -291,6 +363,17 @@ class Metrics:
 
 
 # ---- the trainer -------------------------------------------------------------------------------
+
+def heldout_documents(sources: list, tokenizer: TextTokenizer) -> list:
+    """Every source's held-out documents as text (decoded from their tokens), with source and language."""
+    from quipu.trainer.bpb import HeldoutDoc
+    docs = []
+    for s in sources:
+        langs = s.eval_lang or ["und"] * len(s.eval_docs)
+        for i, lang in zip(s.eval_docs, langs):
+            docs.append(HeldoutDoc(s.name, lang, f"{s.name}:{int(i)}", tokenizer.decode(s.train.doc(int(i)).tolist())))
+    return docs
+
 
 def load_sources(cfg: TrainConfig, prepared: dict) -> list:
     from quipu.trainer.prepare import load_sources as load
@@ -303,9 +386,10 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
     starts = resolve_phase_starts(cfg.data, max_steps, lambda s: cfg.schedule.fraction(s, max_steps))
     ends = starts[1:] + [max_steps]
     by_name = {s.name: s for s in sources}
-    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     phases = []
     for i, (spec, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
+        seq_len = spec.seq_len or cfg.data.seq_len
+        tokens_per_step = cfg.train.batch_size * seq_len
         srcs = [by_name[s.key] for s in spec.sources]
         if spec.order == "ppl_wayra":
             for s in srcs:
@@ -315,7 +399,7 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
         for s in srcs:
             if s.train_tokens == 0:
                 raise BlendError(f"data.phases[{i}]: source {s.name!r} has no training tokens")
-        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, cfg.data.seq_len, cfg.seed, i))
+        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, seq_len, cfg.seed, i))
     return phases, Batcher(phases, sources, cfg.data.seq_len, cfg.train.batch_size)
 
 
@@ -341,37 +425,35 @@ class Trainer:
             raise BlendError(f"train.batch_size ({cfg.train.batch_size}) must be a multiple of "
                              f"train.micro_batch ({cfg.train.micro_batch}) x processes ({world})")
         self.accum = per_rank // cfg.train.micro_batch
-        self.raw_model, self.model_cfg = build_model(cfg, self.tokenizer.vocab_size)
-        self.raw_model.to(self.device)
-        self.model = self._wrap(self.raw_model)
+        self.raw_model, self.model, self.model_cfg = init_model(cfg, self.tokenizer.vocab_size, self.device, self.dist)
         self.optimizer = make_optimizer(self.raw_model, cfg.optim, self.device)
         self.step = 0
         self.lr_scale = 1.0
         self.skip_steps = 0            # data steps skipped after a rollback
         self.rollbacks = 0
         self.guard = SpikeGuard(cfg.spike)
+        # sharded (DCP) checkpoints under torchrun, whatever the world size: they reshard to any other
+        self.sharded = sharded_wanted(cfg.checkpoint, torchrun="WORLD_SIZE" in os.environ)
+        self.pending_save: ShardedSave | None = None
+        if self.dist.main:
+            remove_partial_saves(self.run_dir)    # a save killed halfway: its folder never became a checkpoint
+        self.dist.barrier()
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is not None and not resume:
             raise BlendError(f"{self.run_dir} already has checkpoints ({ckpt.name}): pass --resume to continue, "
                              "or choose another --output")
         if resume and ckpt is not None:
-            self._restore(load_checkpoint(ckpt))
+            self._restore(ckpt)
         self.metrics = Metrics(self.run_dir, self.step if resume else None)
         ev = eval_rows(self.sources, cfg.data.seq_len, cfg.eval.rows)
         self.eval_batch = tuple(torch.from_numpy(a) for a in ev)
+        self.heldout = heldout_documents(self.sources, self.tokenizer) if cfg.eval.per_source else []
+        from quipu.trainer.bpb import load_task_items
+        try:
+            self.tasks = {t.label(): load_task_items(t) for t in cfg.eval.tasks}
+        except (ValueError, FileNotFoundError) as e:
+            raise BlendError(str(e)) from None
         self.train_model = torch.compile(self.model) if cfg.train.compile else self.model
-
-    def _wrap(self, model: Llama) -> torch.nn.Module:
-        if not self.dist.enabled:
-            return model
-        if self.cfg.distributed.strategy == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-            for layer in model.layers:
-                fully_shard(layer)
-            fully_shard(model)
-            return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     # -- state
 
@@ -382,41 +464,96 @@ class Trainer:
                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.raw_model.state_dict(), self.optimizer.state_dict()
 
-    def _restore(self, ck: dict) -> None:
-        if ck["model_config"] != self.model_cfg.model_dump(mode="json"):
-            raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
-        if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-            set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
-                           options=StateDictOptions(full_state_dict=True))
+    def _restore(self, path: Path) -> None:
+        """Model, optimizer and trainer state from a checkpoint of either format, saved by any number of ranks."""
+        if path.is_dir():
+            ck = read_trainer_state(path)
+            self._check_model_config(ck)
+            load_sharded(path, self.raw_model, self.optimizer)
         else:
-            self.raw_model.load_state_dict(ck["model"])
-            self.optimizer.load_state_dict(ck["optimizer"])
+            ck = load_checkpoint(path)
+            self._check_model_config(ck)
+            if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+                set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
+                               options=StateDictOptions(full_state_dict=True))
+            else:
+                self.raw_model.load_state_dict(ck["model"])
+                self.optimizer.load_state_dict(ck["optimizer"])
         t = ck["trainer"]
         self.step, self.lr_scale, self.skip_steps = ck["step"], t["lr_scale"], t["skip_steps"]
         self.rollbacks = t.get("rollbacks", 0)
         self.guard.history = t["grad_norm_history"]
         set_rng_state(ck["rng"])
 
-    def save(self) -> Path | None:
-        model_sd, optim_sd = self._state_dicts()
-        path = None
-        if self.dist.main:
-            path = save_checkpoint(self.run_dir, self.step, {
-                "model": model_sd, "optimizer": optim_sd, "model_config": self.model_cfg.model_dump(mode="json"),
+    def _check_model_config(self, ck: dict) -> None:
+        if ck["model_config"] != self.model_cfg_at(ck["step"]).model_dump(mode="json"):
+            raise BlendError("--resume: the checkpoint's model config differs from this config's model section")
+
+    def _trainer_state(self) -> dict:
+        """Everything but model and optimizer: plain data, the same in both formats."""
+        return {"model_config": self.model_cfg_at(self.step).model_dump(mode="json"),
                 "trainer": {"lr_scale": self.lr_scale, "skip_steps": self.skip_steps, "rollbacks": self.rollbacks,
                             "grad_norm_history": self.guard.history,
                             "data_position": {"step": self.step, "skip_steps": self.skip_steps}},
-                "config": self.cfg.model_dump(mode="json"), "config_hash": sha256_json(self.cfg.model_dump(mode="json"))},
-                self.cfg.checkpoint.keep_last)
+                "config": self.cfg.model_dump(mode="json"), "config_hash": sha256_json(self.cfg.model_dump(mode="json"))}
+
+    def save(self) -> Path | None:
+        if self.sharded:
+            self.finish_pending_save()
+            pending = ShardedSave(self.run_dir, self.step, self.cfg.checkpoint.keep_last)
+            self.pending_save = pending.start(self.raw_model, self.optimizer, self._trainer_state(),
+                                              asynchronous=self.cfg.checkpoint.async_save)
+            path = None if self.cfg.checkpoint.async_save else self.finish_pending_save()
+            if self.dist.main:
+                self.metrics.flush()
+            return path
+        model_sd, optim_sd = self._state_dicts()
+        path = None
+        if self.dist.main:
+            path = save_checkpoint(self.run_dir, self.step, {"model": model_sd, "optimizer": optim_sd} | self._trainer_state(),
+                                   self.cfg.checkpoint.keep_last)
             self.metrics.flush()
         self.dist.barrier()
         return path
 
+    def finish_pending_save(self) -> Path | None:
+        """Waits for a sharded save still being written (async) and puts it in place."""
+        pending, self.pending_save = self.pending_save, None
+        return pending.finish() if pending is not None else None
+
     # -- steps
 
     def lr_at(self, step: int) -> float:
+        """The run's schedule, or inside a `lr_schedule: rewarm` phase the phase's own (warm-up to
+        its peak, decay to its end)."""
+        i = self.phase_index(step)
+        spec, p = self.cfg.data.phases[i], self.phases[i]
+        if spec.lr_schedule == "rewarm":
+            sched = self.cfg.schedule
+            if spec.warmup_steps is not None:
+                sched = sched.model_copy(update={"warmup_steps": spec.warmup_steps})
+            frac = sched.fraction(step - p.start_step, p.end_step - p.start_step)
+            return (spec.lr or self.cfg.optim.lr) * frac * self.lr_scale
         return self.cfg.optim.lr * self.cfg.schedule.fraction(step, self.cfg.train.max_steps) * self.lr_scale
+
+    def phase_index(self, step: int) -> int:
+        """The phase `step` trains in (by schedule step: a rollback's data skip does not move phases)."""
+        return max(i for i, p in enumerate(self.phases) if step >= p.start_step or i == 0)
+
+    def model_cfg_at(self, step: int) -> ModelConfig:
+        """The model config as of `step`: a phase's rope_theta replaces the model's (what a checkpoint records)."""
+        theta = self.cfg.data.phases[self.phase_index(max(0, step - 1))].rope_theta if step > 0 else None
+        theta = theta or self.model_cfg.rope_theta
+        return self.model_cfg if theta == self.model_cfg.rope_theta else self.model_cfg.model_copy(update={"rope_theta": theta})
+
+    def _set_rope(self, step: int) -> None:
+        """The phase's RoPE base on the rotary tables (recomputed only when it changes)."""
+        spec = self.cfg.data.phases[self.phase_index(step)]
+        theta = spec.rope_theta or self.model_cfg.rope_theta
+        if self.raw_model.rotary.theta != theta:
+            self.raw_model.rotary.theta = theta
+            self.raw_model.rotary.reset(self.device)
 
     def _autocast(self):
         if self.amp is None:
@@ -443,6 +580,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         step = self.step
+        self._set_rope(step)
         lr = self.lr_at(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -486,6 +624,38 @@ class Trainer:
         self.model.train()
         return total / max(1, count)
 
+    @torch.no_grad()
+    def evaluate_sources(self) -> dict:
+        """Held-out bits per byte and loss per source and per language (every rank scores the same
+        documents: an FSDP forward needs them all)."""
+        from quipu.trainer.bpb import group_losses, score_model
+        self.raw_model.eval()
+        with self._autocast():
+            scores = score_model(self.raw_model, self.tokenizer, self.heldout, self.cfg.data.seq_len,
+                                 batch=self.cfg.train.micro_batch)
+        self.raw_model.train()
+        return group_losses(scores)
+
+    def _eval_row(self) -> dict:
+        eval_loss = self.evaluate()
+        row = {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))}
+        if self.heldout:
+            g = self.evaluate_sources()
+            row |= {"eval_bpb": g["all"]["bpb"], "eval_by_source": g["by_source"], "eval_by_lang": g["by_lang"]}
+        if self.tasks:
+            row["eval_tasks"] = self.evaluate_tasks()
+        return row
+
+    @torch.no_grad()
+    def evaluate_tasks(self) -> dict:
+        from quipu.trainer.bpb import score_task
+        self.raw_model.eval()
+        with self._autocast():
+            out = {name: score_task(items, self.tokenizer, lambda x: self.raw_model(x.to(self.device)),
+                                    self.cfg.data.seq_len) for name, items in self.tasks.items()}
+        self.raw_model.train()
+        return out
+
     def sample(self) -> str:
         if self.cfg.eval.sample_tokens == 0:
             return ""
@@ -498,6 +668,7 @@ class Trainer:
         return self.tokenizer.decode(out[0].tolist())
 
     def _rollback(self) -> bool:
+        self.finish_pending_save()
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
@@ -505,10 +676,9 @@ class Trainer:
             raise TrainingDiverged(f"step {self.step}: loss spikes persist after {self.rollbacks} rollback(s) "
                                    f"(spike.max_rollbacks); last checkpoint {ckpt}")
         rollbacks = self.rollbacks + 1
-        ck = load_checkpoint(ckpt)
         skipped_to = self.step
         lr_scale = self.lr_scale * self.cfg.spike.rollback_lr_factor
-        self._restore(ck)
+        self._restore(ckpt)
         self.rollbacks = rollbacks
         # lower LR, and do not replay the data that led to the spikes
         self.lr_scale = lr_scale
@@ -521,7 +691,6 @@ class Trainer:
         cfg = self.cfg
         max_steps = cfg.train.max_steps
         stop = min(max_steps, cfg.train.stop_at_step or max_steps)
-        tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
         if self.dist.main:
             write_json_atomic(self.run_dir / "blend.json", blend_report(self.phases))
         self.model.train()
@@ -534,19 +703,19 @@ class Trainer:
             if m["skipped"] and self.guard.needs_rollback:
                 if self.dist.main:
                     print(f"step {m['step']}: {self.guard.consecutive} spikes in a row; rolling back", file=sys.stderr)
-                row = m | {"tokens": self.step * tokens_per_step}
+                row = m | {"tokens": self.batcher.tokens_until(self.step)}
                 if self._rollback():
                     self.metrics.rows.insert(-1, row)   # the skipped step, before the rollback event
                     continue
             time_up = deadline is not None and self._time_is_up(deadline)
-            m["tokens"] = self.step * tokens_per_step
+            m["tokens"] = self.batcher.tokens_until(self.step)
             m["phase"] = self.batcher.phase_at(self.step - 1 + self.skip_steps).name
             if self.step % cfg.eval.every == 0 or self.step == max_steps:
-                eval_loss = self.evaluate()
-                m["eval_loss"] = eval_loss
-                m["eval_ppl"] = math.exp(min(eval_loss, 50))
+                m |= self._eval_row()
+                eval_loss = m["eval_loss"]
             if self.step % cfg.train.log_every == 0 or "eval_loss" in m or m["skipped"] or self.step == stop or time_up:
                 now = time.perf_counter()
+                tokens_per_step = cfg.train.batch_size * self.phases[self.phase_index(self.step - 1)].seq_len
                 m["tokens_per_s"] = round(steps_since * tokens_per_step / max(1e-9, now - t_last), 1)
                 t_last, steps_since = now, 0
                 if m["skipped"] is None:
@@ -560,11 +729,13 @@ class Trainer:
                 self.save()
             if time_up:
                 break
+        self.finish_pending_save()
         last_eval_step = max((r["step"] for r in self.metrics.rows if "eval_loss" in r), default=None)
         if last_eval_step != self.step and self.step > 0:
-            eval_loss = self.evaluate()   # the summary always reports the held-out loss of the final weights
+            row = self._eval_row()   # the summary always reports the held-out loss of the final weights
+            eval_loss = row["eval_loss"]
             if self.metrics.rows and self.metrics.rows[-1].get("step") == self.step and "loss" in self.metrics.rows[-1]:
-                self.metrics.rows[-1].update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 50)))
+                self.metrics.rows[-1].update(row)
                 if self.dist.main:
                     self.metrics.flush()
         summary = self.finish(eval_loss, self.step < max_steps)
@@ -579,6 +750,7 @@ class Trainer:
         summary = {"run_dir": str(self.run_dir), "step": self.step, "max_steps": self.cfg.train.max_steps,
                    "stopped_early": interrupted, "final_loss": losses[-1] if losses else None,
                    "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50)) if eval_loss is not None else None,
+                   **last_eval_by_group(self.metrics.rows),
                    "params": self.raw_model.num_params(), "model": self.model_cfg.model_dump(mode="json"),
                    "metrics": str(self.metrics.path), "world_size": self.dist.world,
                    "checkpoint": str(latest_checkpoint(self.run_dir) or "")}
@@ -588,6 +760,13 @@ class Trainer:
             summary["loss_curve"] = str(png) if png else None
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
+
+
+def last_eval_by_group(rows: list[dict]) -> dict:
+    for r in reversed(rows):
+        if "eval_bpb" in r:
+            return {k: r[k] for k in ("eval_bpb", "eval_by_source", "eval_by_lang", "eval_tasks") if k in r}
+    return {}
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=None) -> dict:
