@@ -12,9 +12,7 @@ or crash costs one document (`extract:timeout`), not the run.
 """
 from __future__ import annotations
 
-import atexit
 import json
-import multiprocessing as mp
 import re
 import threading
 import time
@@ -25,7 +23,8 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import readers, records, text_repair, warc
+from quipu.tasks import pdf, pdf_layout, readers, records, text_repair, warc
+from quipu.tasks.child_worker import ChildWorker
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, TEXT_BYTES, conform
 from quipu.tasks.driver import count_reasons, load_done
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
@@ -63,9 +62,6 @@ class ExtractConfig(StageConfig):
 
 # ---- HTML extraction in a child process, with a time limit --------------------------------------
 
-WORKER_START_TIMEOUT_S = 300
-
-
 def _serve(conn) -> None:  # runs in the child
     import logging
 
@@ -90,47 +86,20 @@ def _serve(conn) -> None:  # runs in the child
 
 
 class HtmlExtractor:
-    """A long-lived trafilatura worker process; restarted after a timeout or a crash."""
-
-    _all: list["HtmlExtractor"] = []
+    """A long-lived trafilatura worker process (`child_worker.ChildWorker`); restarted after a
+    timeout or a crash."""
 
     def __init__(self):
-        self.proc = None
-        self.conn = None
-        HtmlExtractor._all.append(self)
-
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        self.conn = parent
-        # Starting Python and importing trafilatura takes seconds, more on a loaded machine: wait for
-        # the worker to be ready, so that start-up never counts against a document's time limit.
-        if not parent.poll(WORKER_START_TIMEOUT_S):
-            self.stop()
-            raise RuntimeError(f"the HTML extraction worker did not start in {WORKER_START_TIMEOUT_S} s")
-        parent.recv()
+        self.worker = ChildWorker(_serve, what="HTML extraction worker")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(5)
-        self.proc = self.conn = None
+        self.worker.stop()
 
     def extract(self, html: bytes | str, url: str | None, opts: dict, timeout_s: float) -> tuple[str, str | None]:
         """('ok', text) | ('empty', None) | ('timeout', None) | ('error', message)."""
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-        self.conn.send((html, url, opts))
-        if not self.conn.poll(timeout_s):
-            self.stop()
-            return "timeout", None
-        try:
-            status, value = self.conn.recv()
-        except EOFError:  # the child died (segfault, out of memory)
-            self.stop()
+        self.worker.send((html, url, opts))
+        status, value = self.worker.receive(timeout_s)
+        if status == "died":
             return "error", "extractor process died"
         if status == "ok" and not (value or "").strip():
             return "empty", None
@@ -144,12 +113,6 @@ def _extractor() -> HtmlExtractor:
     if getattr(_local, "extractor", None) is None:
         _local.extractor = HtmlExtractor()
     return _local.extractor
-
-
-@atexit.register
-def _stop_all() -> None:
-    for ex in HtmlExtractor._all:
-        ex.stop()
 
 
 # ---- per-record logic -------------------------------------------------------------------------
