@@ -25,8 +25,9 @@ from pydantic import BaseModel, Field
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
 from quipu.tasks import pdf, pdf_layout, readers, records, text_repair, warc
 from quipu.tasks.child_worker import ChildWorker
+from quipu.tasks.pdf import PdfConfig
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, TEXT_BYTES, conform
-from quipu.tasks.driver import count_reasons, load_done
+from quipu.tasks.driver import count_reasons, load_done, merge_counts
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
 import hashlib
@@ -53,6 +54,7 @@ class ExtractConfig(StageConfig):
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
     max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
+    pdf: PdfConfig = Field(default_factory=PdfConfig, description="PDF files and WARC/ARC PDF responses: text layer, OCR, limits (tasks/pdf.py)")
     fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
     include_comments: bool = False
     include_tables: bool = True
@@ -142,10 +144,20 @@ def control_char_ratio(text: str, sample: int = 100_000) -> float:
     return len(_CONTROL.findall(head)) / max(1, len(head))
 
 
-def decide(record: readers.RawRecord, cfg: ExtractConfig) -> tuple[str, str | None]:
-    """(text, removal reason or None) for one record."""
+def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None) -> tuple[str, str | None]:
+    """(text, removal reason or None) for one record. A PDF's page counts are added to `pdf_stats`
+    and its fields (pdf_pages, ...) to the record's metadata."""
     if record.reject:
         return record.text or "", f"extract:{record.reject}"
+    if record.pdf is not None:
+        got = pdf.read_pdf(record.pdf, cfg.pdf)
+        record.metadata.update(got.metadata)
+        if pdf_stats is not None:
+            merge_counts(pdf_stats, got.stats)
+        if got.reason:
+            return got.text, f"extract:{got.reason}"
+        record.pdf = None
+        record.text = got.text
     if record.html is not None:
         if len(record.html) > cfg.max_html_bytes:
             return "", "extract:html_too_large"
@@ -187,7 +199,7 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], readers, records, text_repair, warc)
+    return module_version(sys.modules[__name__], readers, records, text_repair, warc, pdf, pdf_layout)
 
 
 class FileAccount(BaseModel):
@@ -312,7 +324,8 @@ def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[Input]]:
     size = 0
     for path in paths:
         n = readers.file_size(path)
-        large = n is None or n >= pack_bytes
+        # a PDF is a unit of its own: its pages (OCR above all) are the work, not its bytes
+        large = n is None or n >= pack_bytes or readers.reader_kind(path) == "pdf"
         if current and (large or size + n > pack_bytes):
             units.append(current)
             current, size = [], 0
@@ -381,6 +394,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
     quarantine_rows: list[dict] = []
     repaired: dict[str, int] = {}     # documents whose text fix_unicode changed, by kind
     skipped: dict[str, int] = {}
+    pdf_stats: dict = {}
     files: list[FileAccount] = []
     out = _Outputs(layout, key, cfg)
     try:
@@ -393,7 +407,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg)
+                text, reason = decide(item, cfg, pdf_stats)
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -427,6 +441,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
         quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=skipped,
         kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
         removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": skipped, "unicode_repaired": repaired,
+               **({"pdf": pdf_stats} if pdf_stats else {}),
                "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}},
         bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
         seconds=round(time.perf_counter() - t0, 3))

@@ -180,7 +180,7 @@ def _read_page(doc, i: int, cfg: dict, state: dict) -> dict:
         width, height = page.get_size()
         textpage = page.get_textpage()
         try:
-            lines = text_lines(textpage, height)
+            lines = text_lines(textpage, width, height, page.get_rotation())
         finally:
             textpage.close()
         text = " ".join(l.text for l in lines)
@@ -246,10 +246,11 @@ def _mostly_picture(page, width: float, height: float, chars: int) -> bool:
 _LINE = re.compile(r"[^\r\n]+")
 
 
-def text_lines(textpage, page_height: float) -> list[Line]:
-    """The text layer as positioned lines: pdfium's lines, each boxed by its first and last
-    character (two native calls a line, not one a character); a line much wider than its characters
-    (pieces of a row far apart, a table's cells) is split at its wide gaps."""
+def text_lines(textpage, width: float, height: float, rotation: int = 0) -> list[Line]:
+    """The text layer as positioned lines, in the page's displayed orientation (`width` x `height`
+    as shown, `rotation` its /Rotate): pdfium's lines, each boxed by its first and last character
+    (two native calls a line, not one a character); a line much wider than its characters (pieces of
+    a row far apart, a table's cells) or that runs onto another row is split where it jumps."""
     import ctypes
 
     import pypdfium2.raw as raw
@@ -263,10 +264,16 @@ def text_lines(textpage, page_height: float) -> list[Line]:
     ref = ctypes.byref(rect)
     tp = textpage.raw
 
+    # pdfium's boxes are in unrotated user space (y up): to (x0, x1, top, bottom) as displayed
+    w0, h0 = (height, width) if rotation in (90, 270) else (width, height)
+    turn = {0: lambda l, r, b, t: (l, r, h0 - t, h0 - b), 90: lambda l, r, b, t: (b, t, l, r),
+            180: lambda l, r, b, t: (w0 - r, w0 - l, b, t), 270: lambda l, r, b, t: (h0 - t, h0 - b, w0 - r, w0 - l)}
+    shown = turn.get(rotation, turn[0])
+
     def box(i: int) -> tuple[float, float, float, float] | None:
         if not raw.FPDFText_GetLooseCharBox(tp, i, ref):
             return None
-        return rect.left, rect.right, page_height - rect.top, page_height - rect.bottom
+        return shown(rect.left, rect.right, rect.bottom, rect.top)
 
     out: list[Line] = []
     for m in _LINE.finditer(text):
