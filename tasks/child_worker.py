@@ -47,7 +47,7 @@ class ChildWorker:
             raise RuntimeError(f"the {self.what} process died while starting (see the error above)") from None
 
     def stop(self) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.proc.pid is not None:   # pid None: it never started
             self.proc.kill()
             self.proc.join(5)
         self.proc = self.conn = None

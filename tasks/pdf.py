@@ -64,7 +64,7 @@ class PdfConfig(BaseModel):
     max_pages: int = Field(2000, gt=0, description="pages after this many are not read (pdf:over_max_pages)")
     max_memory_mb: int = Field(2048, ge=256, description="address-space limit of the process that parses PDFs (a page exceeding it is pdf:page_error)")
     min_page_chars: int = Field(20, ge=1, description="a text layer with fewer non-space characters counts as none")
-    min_letter_ratio: float = Field(0.5, ge=0, le=1, description="a text layer with a smaller share of letters among its non-space characters is garbage")
+    min_letter_ratio: float = Field(0.5, ge=0, le=1, description="a text layer with a smaller share of letters and digits among its non-space characters is garbage")
 
 
 # ---- is a text layer usable? ------------------------------------------------------------------
@@ -92,9 +92,9 @@ def text_layer_problem(text: str, cfg: PdfConfig) -> str | None:
     chars = [c for c in text if not c.isspace() and c not in "\x02\xad"]
     if len(chars) < cfg.min_page_chars:
         return "none"
-    letters = sum(c.isalpha() for c in chars)
+    alnum = sum(c.isalnum() for c in chars)     # digits count: a page of figures is a table, not garbage
     odd = sum(c == "\ufffd" or "\ue000" <= c <= "\uf8ff" or ord(c) < 32 for c in chars)
-    if letters < cfg.min_letter_ratio * len(chars) or odd > 0.1 * len(chars):
+    if alnum < cfg.min_letter_ratio * len(chars) or odd > 0.1 * len(chars):
         return "garbage"
     known = _function_words(tuple(cfg.ocr_languages))
     words = [w.lower() for w in _WORD.findall(text)]
@@ -456,7 +456,7 @@ def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
                 results.update({k: {"status": "dropped", "reason": "pdf:time_budget"} for k in range(i, last)})
                 finished = True
                 break
-            msg = worker.receive(min(cfg.page_timeout_s + 5, left))
+            msg = worker.receive(min(cfg.page_timeout_s, left))
             if msg[0] == "page":
                 results[msg[1]] = msg[2]
                 i = msg[1] + 1

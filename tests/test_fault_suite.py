@@ -116,7 +116,7 @@ def build_odd_warc(path: Path, rng: random.Random, paras: list[str]) -> dict:
     with open(odd, "ab") as fh:   # a malformed record: garbage where the next WARC record should start
         fh.write(gzip.compress(b"WARC/1.0\r\nWARC-Type: response\r\nContent-Length: notanumber\r\n\r\n<html>junk", mtime=0))
     return {"removed": {"https://example.org/logo.png": "extract:not_html:image/png",
-                        "https://example.org/paper.pdf": "extract:not_html:application/pdf",
+                        "https://example.org/paper.pdf": "extract:pdf:unreadable",   # a PDF with no pages: pdfium cannot load it
                         "https://example.org/huge": "extract:html_too_large"},
             "skipped": {"request": 1}, "quarantine": ["malformed response record: no WARC-Target-URI"]}
 
