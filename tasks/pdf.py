@@ -141,22 +141,32 @@ def _limit_memory(mb: int) -> None:
 
 def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
     import pypdfium2 as pdfium
+    repaired = False
     try:
         doc = pdfium.PdfDocument(source)
     except pdfium.PdfiumError as e:
         encrypted = "password" in str(e).lower()
-        conn.send(("error", "pdf:encrypted" if encrypted else "pdf:unreadable", str(e)[:200]))
-        return
+        fixed = None if encrypted else with_trailer(source)
+        try:
+            doc = pdfium.PdfDocument(fixed) if fixed else None
+            repaired = doc is not None
+        except (pdfium.PdfiumError, MemoryError):
+            doc = None
+        if doc is None:
+            conn.send(("error", "pdf:encrypted" if encrypted else "pdf:unreadable", str(e)[:200]))
+            return
     except MemoryError:
         conn.send(("error", "pdf:unreadable", "out of memory opening the document"))
         return
+    cfg = {**cfg, "repaired": repaired}
     try:
         meta = {}
         try:
             meta = doc.get_metadata_dict(skip_empty=True)
         except Exception:  # a broken info dictionary is no reason to lose the text
             pass
-        conn.send(("info", {"pages": len(doc), "producer": meta.get("Producer"), "title": meta.get("Title")}))
+        conn.send(("info", {"pages": len(doc), "producer": meta.get("Producer"), "title": meta.get("Title"),
+                            "repaired": repaired}))
         state: dict = {}      # what one page teaches the next: the language OCR reads best in
         for i in range(start, min(len(doc), cfg["max_pages"])):
             t0 = time.perf_counter()
@@ -171,6 +181,32 @@ def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
         conn.send(("done", None))
     finally:
         doc.close()
+
+
+_CATALOG = re.compile(rb"(\d+)\s+(\d+)\s+obj\s*<<(?:(?!endobj).){0,4000}?/Type\s*/Catalog", re.S)
+MAX_REPAIR_BYTES = 256 << 20
+
+
+def with_trailer(source: bytes | str) -> bytes | None:
+    """A truncated PDF (its cross-reference table and trailer cut off, the commonest damage of a
+    failed download) with a trailer that names its catalog appended, so that pdfium rebuilds the
+    cross-references by scanning the objects and reads the pages whose objects survived. None when
+    no catalog object is found."""
+    if isinstance(source, str):
+        try:
+            if os.path.getsize(source) > MAX_REPAIR_BYTES:
+                return None
+            with open(source, "rb") as fh:
+                source = fh.read()
+        except OSError:
+            return None
+    cat = _CATALOG.search(source)
+    if cat is None:
+        return None
+    end = source.rfind(b"endobj")
+    xref = source.rfind(b"xref", end if end >= 0 else 0)
+    body = source[:xref] if xref > 0 else source
+    return body + b"\ntrailer\n<< /Root %s %s R >>\n%%%%EOF\n" % (cat.group(1), cat.group(2))
 
 
 def _read_page(doc, i: int, cfg: dict, state: dict) -> dict:
@@ -192,6 +228,8 @@ def _read_page(doc, i: int, cfg: dict, state: dict) -> dict:
         if problem is None and pcfg.ocr != "always":
             return {**base, "status": "text", "lines": [_pack(l) for l in lines]}
         if problem == "none" and not text.strip() and raw.FPDFPage_CountObjects(page.raw) == 0:
+            if cfg["repaired"]:     # a page of a cut file whose content did not survive
+                return {**base, "status": "dropped", "reason": "pdf:page_damaged", "detail": "no content left"}
             return {**base, "status": "empty", "lines": []}
         if pcfg.ocr == "never":
             return {**base, "status": "dropped", "reason": "pdf:needs_ocr", "detail": f"text layer: {problem}"}
@@ -502,13 +540,14 @@ def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
         dropped["pdf:over_max_pages"] = info["pages"] - cfg.max_pages
     text, removed = document_text(pages)
     metadata = {"pdf_pages": info["pages"], "pdf_pages_text": n_text, "pdf_pages_ocr": n_ocr,
-                "pdf_producer": info.get("producer"), "pdf_title": info.get("title")}
+                "pdf_producer": info.get("producer"), "pdf_title": info.get("title"),
+                "pdf_repaired": True if info.get("repaired") else None}
     if n_ocr:
         metadata["pdf_ocr_confidence"] = round(conf_total / words, 2) if words else None
     if dropped:
         metadata["pdf_pages_dropped"] = dict(sorted(dropped.items()))
     metadata = {k: v for k, v in metadata.items() if v is not None}
-    stats = {"documents": 1, "pages": info["pages"], "pages_text": n_text, "pages_ocr": n_ocr, "pages_empty": n_empty,
+    stats = {"documents": 1, "documents_repaired": int(bool(info.get("repaired"))), "pages": info["pages"], "pages_text": n_text, "pages_ocr": n_ocr, "pages_empty": n_empty,
              "pages_dropped": dropped, "running_lines_removed": removed["running_lines"],
              "page_numbers_removed": removed["page_numbers"],
              "seconds_text": round(sum(r.get("seconds", 0) for r in results.values() if r["status"] == "text"), 3),
