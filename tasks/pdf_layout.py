@@ -7,7 +7,9 @@ The steps, per document:
 1. Running headers and footers: the rows of a page (lines side by side, across columns) in its top
    and bottom bands are candidates. A row whose text, digits masked, recurs in that band on at
    least `RUNNING_SHARE` of the pages (and on two or more) is a running header or footer; a row
-   that is only a page number ("7", "- 7 -", "Página 7 de 20", "p. vii") is dropped on any page.
+   that is only a page number ("7", "- 7 -", "Página 7 de 20", "p. vii") or text with a page number
+   after a separator ("Revista | 7") is dropped on any page, and so is a short row set in smaller
+   type than the body (`SMALL_PRINT`): a one-page document's header, a citation line.
 2. Reading order: recursive XY-cut. A block of lines is cut at the widest vertical gap (a gutter)
    when both sides read as prose columns (several lines, mostly filling their side), otherwise at
    its widest horizontal gap; the pieces are read left to right, top to bottom. A table's rows do
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 RUNNING_SHARE = 0.4       # a row in the top/bottom band on this share of pages is running
 BAND = 0.14               # top and bottom bands: this share of the page height
 BAND_ROWS = 3             # rows looked at in each band
-MIN_GUTTER_PT = 7.0       # narrower vertical gaps are word spaces, not a gutter between columns
+MIN_GUTTER_PT = 7.0
+SMALL_PRINT = 0.92        # a band row set this much smaller than the body text is page furniture       # narrower vertical gaps are word spaces, not a gutter between columns
 
 GENERATED_HYPHENS = "\x02\ufffe\xad"
 _PAGE_NUMBER = re.compile(
@@ -38,7 +41,9 @@ _PAGE_NUMBER = re.compile(
     r"(?:\d{1,4}|[ivxlcdm]{1,7})(?:\s*(?:of|de|do|da|/|\|)\s*\d{1,4})?[\W_]*$", re.I)
 _DIGITS = re.compile(r"\d+")
 # a header or footer that carries the page number after or before a separator: "Journal | 7"
-_NUMBERED_RUNNING = re.compile(r"(?:^(?:\d{1,4}|[ivxlcdm]{1,7})\s*[|/·•–—-]\s*\S)|(?:\S\s*[|/·•–—-]\s*(?:\d{1,4}|[ivxlcdm]{1,7})$)", re.I)
+# (OCR reads the bar as '/', '[', ']', '!', 'l' or 'I'); a dash or slash counts only between spaces
+_SEPARATOR = r"(?:\s*[|·•\[\]!]\s*|\s[-–—/lI]\s)"
+_NUMBERED_RUNNING = re.compile(rf"^\d{{1,4}}{_SEPARATOR}\S|\S{_SEPARATOR}\d{{1,4}}$")
 _ROMAN = re.compile(r"\b[ivxlcdm]{1,7}\b", re.I)
 _END_PUNCT = tuple('.!?:;…"»”)')
 _NO_GENERATED = {ord(c): None for c in GENERATED_HYPHENS}
@@ -111,13 +116,20 @@ def remove_running(pages: list[Page]) -> dict[str, int]:
         for zone, row in brs:
             seen.setdefault((zone, _mask(" ".join(l.text for l in row))), set()).add(i)
     need = max(2, math.ceil(RUNNING_SHARE * len(pages)))
+    heights = [l.height for p in pages for l in p.lines]
+    body = statistics.median(heights) if heights else 0.0
     for page, brs in zip(pages, band_rows):
         drop: set[int] = set()
         for zone, row in brs:
             text = " ".join(l.text for l in row)
-            if is_page_number(text) or _NUMBERED_RUNNING.search(text.strip()):
+            if is_page_number(text) or (_NUMBERED_RUNNING.search(text.strip()) and len(text.split()) <= 12):
                 counts["page_numbers"] += 1
             elif len(seen[(zone, _mask(text))]) >= need:
+                counts["running_lines"] += 1
+            elif max(l.height for l in row) < SMALL_PRINT * body and len(text.split()) <= 12 \
+                    and len(page.lines) > len(row) + 3:
+                # small print at the page's edge, found on one page only (a one-page document's
+                # running header, a journal's citation line): boilerplate like the running ones
                 counts["running_lines"] += 1
             else:
                 # a page number beside running text in the same row ("Journal | 7" split in pieces)

@@ -138,6 +138,15 @@ def test_layout_rules():
         "Región Total Votos", "Norte 1.200 800"]
     assert counts == {"running_lines": 2, "page_numbers": 2}
 
+    # one page: no repetition to go by. Small print at the top is a header; "Revista | 3" at the
+    # foot carries the page number; a body line that starts "d-only" or ends "1990-2000" is text
+    one = Page(595, 842, [Line(60, 200, 30, 38, "Revista de Estudios Andinos"), Line(400, 530, 800, 808, "Revista | 3"),
+                          Line(60, 530, 60, 71, "d-only attributes are read in the years 1990-2000"),
+                          *[Line(60, 530, 73 + 13 * k, 84 + 13 * k, f"body line {k} of the page") for k in range(6)]])
+    text, counts = document_text([one])
+    assert text.startswith("d-only attributes are read in the years 1990-2000 body line 0")
+    assert counts == {"running_lines": 1, "page_numbers": 1}
+
 
 def _encrypted(user: str, owner: str) -> bytes:
     from reportlab.lib.pdfencrypt import StandardEncryption
