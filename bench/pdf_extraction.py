@@ -20,7 +20,7 @@ Corpora:
 F1 is bag-of-words over lower-cased word tokens, per document, averaged. pages/s is wall time on
 one core per side (quipu's work runs in its child process, the parent waits), so it is per core.
 
-    .venv/bin/python bench/pdf_extraction.py [--scan-docs 3] [--speed-pages 10] [--append bench/RESULTS.md]
+    .venv/bin/python bench/pdf_extraction.py [--scan-docs 3] [--speed-pages 10] [--shared DIR] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ SHARED_PDF = ROOT.parent / "shared" / "data" / "pdf"
 SKIP_SPEED = ("password", "empty", "ocr_test", "usb__acta", "ufpb__ata")    # encrypted, empty, scans
 
 
-def side_pypdfium2(data: bytes, max_pages: int) -> tuple[str, int]:
+def side_pypdfium2(data: bytes | str, max_pages: int) -> tuple[str, int]:
     import pypdfium2 as pdfium
     doc = pdfium.PdfDocument(data)
     texts = []
@@ -54,21 +54,27 @@ def side_pypdfium2(data: bytes, max_pages: int) -> tuple[str, int]:
     return "\n".join(texts), n
 
 
-def side_pypdf(data: bytes, max_pages: int) -> tuple[str, int]:
+def _stream(data: bytes | str):
+    return open(data, "rb") if isinstance(data, str) else io.BytesIO(data)
+
+
+def side_pypdf(data: bytes | str, max_pages: int) -> tuple[str, int]:
     import pypdf
-    reader = pypdf.PdfReader(io.BytesIO(data))
+    reader = pypdf.PdfReader(_stream(data))
     pages = reader.pages[:max_pages]
     return "\n".join(p.extract_text() or "" for p in pages), len(pages)
 
 
-def side_pdfminer(data: bytes, max_pages: int) -> tuple[str, int]:
+def side_pdfminer(data: bytes | str, max_pages: int) -> tuple[str, int]:
     from pdfminer.high_level import extract_text
     from pdfminer.pdfpage import PDFPage
-    n = min(max_pages, sum(1 for _ in PDFPage.get_pages(io.BytesIO(data))))
-    return extract_text(io.BytesIO(data), page_numbers=list(range(n))), n
+    with _stream(data) as fh:
+        n = min(max_pages, sum(1 for _ in PDFPage.get_pages(fh)))
+    with _stream(data) as fh:
+        return extract_text(fh, page_numbers=list(range(n))), n
 
 
-def side_quipu(data: bytes, max_pages: int, ocr: str = "never") -> tuple[str, int]:
+def side_quipu(data: bytes | str, max_pages: int, ocr: str = "never") -> tuple[str, int]:
     from quipu.tasks.pdf import PdfConfig, read_pdf
     got = read_pdf(data, PdfConfig(ocr=ocr, max_pages=max_pages))
     return got.text, min(got.metadata.get("pdf_pages", 0), max_pages)
@@ -138,7 +144,9 @@ def evaluate(docs: list, sides: list[str], max_pages: int = 10_000, ocr: str = "
 
 
 def speed_corpus(max_pages: int) -> list:
-    return [(p.stem, p.read_bytes(), None, None) for p in sorted(SHARED_PDF.glob("*.pdf"))
+    """Paths, not bytes: quipu reads a local file where it lies (its child process opens it), and
+    so do the libraries."""
+    return [(p.stem, str(p), None, None) for p in sorted(SHARED_PDF.glob("*.pdf"))
             if not any(s in p.name for s in SKIP_SPEED)]
 
 
@@ -154,11 +162,14 @@ def table(title: str, res: dict, anchor: str = "pypdfium2") -> list[str]:
 
 
 def main() -> None:
+    global SHARED_PDF
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scan-docs", type=int, default=3, help="image-only PDFs to OCR (each ~1 page, seconds each)")
     ap.add_argument("--speed-pages", type=int, default=10, help="pages read of each shared PDF for pages/s")
     ap.add_argument("--append", type=Path, help="append the tables to this markdown file")
+    ap.add_argument("--shared", type=Path, default=SHARED_PDF, help="the shared PDFs (default ../shared/data/pdf)")
     args = ap.parse_args()
+    SHARED_PDF = args.shared
     logging.basicConfig(level=logging.ERROR)
     sides = [s for s in SIDES if available(s)]
     missing = [s for s in SIDES if s not in sides]

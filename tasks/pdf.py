@@ -79,6 +79,9 @@ FUNCTION_WORDS = {
            "have an they you were her she there been has their one all we if its will would can may more",
 }
 _WORD = re.compile(r"[^\W\d_]+")
+_SPACE = re.compile(r"[\s\x02\xad\ufffe]+")
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_ODD = re.compile(r"[\ufffd\ue000-\uf8ff\x00-\x1f]")
 _UNPRONOUNCEABLE = re.compile(r"[bcdfghjklmnpqrstvwxz]{5,}|^[^aeiouyáéíóúâêôãõàü]+$", re.I)
 
 
@@ -89,11 +92,11 @@ def _function_words(languages: tuple[str, ...]) -> frozenset[str]:
 
 def text_layer_problem(text: str, cfg: PdfConfig) -> str | None:
     """Why a page's text layer cannot be used: 'none', 'garbage', 'language'; None when it can."""
-    chars = [c for c in text if not c.isspace() and c not in "\x02\xad"]
+    chars = _SPACE.sub("", text)
     if len(chars) < cfg.min_page_chars:
         return "none"
-    alnum = sum(c.isalnum() for c in chars)     # digits count: a page of figures is a table, not garbage
-    odd = sum(c == "\ufffd" or "\ue000" <= c <= "\uf8ff" or ord(c) < 32 for c in chars)
+    alnum = len(_NOT_ALNUM.sub("", chars))       # digits count: a page of figures is a table, not garbage
+    odd = len(_ODD.findall(chars))
     if alnum < cfg.min_letter_ratio * len(chars) or odd > 0.1 * len(chars):
         return "garbage"
     known = _function_words(tuple(cfg.ocr_languages))
@@ -158,7 +161,7 @@ def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
     except MemoryError:
         conn.send(("error", "pdf:unreadable", "out of memory opening the document"))
         return
-    cfg = {**cfg, "repaired": repaired}
+    cfg = {**cfg, "repaired": repaired, "config": PdfConfig.model_validate(cfg["pdf"])}
     try:
         meta = {}
         try:
@@ -220,7 +223,7 @@ def _read_page(doc, i: int, cfg: dict, state: dict) -> dict:
         finally:
             textpage.close()
         text = " ".join(l.text for l in lines)
-        pcfg = PdfConfig.model_validate(cfg["pdf"])
+        pcfg = cfg["config"]
         problem = text_layer_problem(text, pcfg)
         if problem is None and _mostly_picture(page, width, height, len(text)):
             problem = "none"     # a scan with a few words of text layer (a stamp, a digital header)
@@ -296,8 +299,9 @@ def text_lines(textpage, width: float, height: float, rotation: int = 0) -> list
     if n <= 0:
         return []
     text = textpage.get_text_range(0, n)
-    if len(text) != n:          # characters outside the BMP: text offsets no longer match indices
-        text = "".join(textpage.get_text_range(i, 1) or " " for i in range(n))
+    # pdfium may leave characters out of the text (or add some): then a text offset is mapped to
+    # its character index for the boxes
+    mapped = len(text) != n
     rect = raw.FS_RECTF()
     ref = ctypes.byref(rect)
     tp = textpage.raw
@@ -309,7 +313,9 @@ def text_lines(textpage, width: float, height: float, rotation: int = 0) -> list
     shown = turn.get(rotation, turn[0])
 
     def box(i: int) -> tuple[float, float, float, float] | None:
-        if not raw.FPDFText_GetLooseCharBox(tp, i, ref):
+        if mapped:
+            i = raw.FPDFText_GetCharIndexFromTextIndex(tp, i)
+        if i < 0 or not raw.FPDFText_GetLooseCharBox(tp, i, ref):
             return None
         return shown(rect.left, rect.right, rect.bottom, rect.top)
 
@@ -339,17 +345,20 @@ def text_lines(textpage, width: float, height: float, rotation: int = 0) -> list
 GENERATED = "\x02\ufffe\xad"
 
 
+_WORD_RUN = re.compile(r"[^\s\x02\ufffe\xad]+")
+
+
 def _split_line(text: str, a: int, b: int, end: int, box) -> list[Line]:
-    """One pdfium "line" that is several: cut where the next character is far to the right, back
-    to the left, or on another row (pdfium runs a line on past a hyphen, into the next column)."""
+    """One pdfium "line" that is several: cut between words where the next word is far to the
+    right, back to the left, or on another row (pdfium runs a line on past a hyphen, into the next
+    column). Words are boxed by their first and last character."""
     pieces: list[list[tuple[int, tuple]]] = []
     cur: list[tuple[int, tuple]] = []
-    for i in range(a, b + 1):
-        if text[i].isspace() or text[i] in GENERATED:
+    for m in _WORD_RUN.finditer(text, a, b + 1):
+        first, last = box(m.start()), box(m.end() - 1)
+        if first is None or last is None:
             continue
-        bx = box(i)
-        if bx is None:
-            continue
+        bx = (first[0], max(first[1], last[1]), min(first[2], last[2]), max(first[3], last[3]))
         if cur:
             p = cur[-1][1]
             size = max(p[3] - p[2], bx[3] - bx[2], 1.0)
@@ -357,7 +366,7 @@ def _split_line(text: str, a: int, b: int, end: int, box) -> list[Line]:
             if bx[0] - p[1] > max(2.0 * size, 6.0) or bx[0] < p[0] - size or not p[2] <= mid <= p[3]:
                 pieces.append(cur)
                 cur = []
-        cur.append((i, bx))
+        cur.append((m.start(), bx))
     if cur:
         pieces.append(cur)
     out = []

@@ -85,16 +85,15 @@ def _mask(text: str) -> str:
 def rows(lines: list[Line]) -> list[list[Line]]:
     """Lines side by side (vertically overlapping), top to bottom; each row left to right."""
     out: list[list[Line]] = []
+    top = bottom = 0.0
     for ln in sorted(lines, key=lambda l: (l.top, l.x0)):
-        if out:
-            last = out[-1]
-            top, bottom = min(l.top for l in last), max(l.bottom for l in last)
-            mid = (ln.top + ln.bottom) / 2
-            if top <= mid <= bottom:
-                last.append(ln)
-                continue
+        if out and top <= (ln.top + ln.bottom) / 2 <= bottom:
+            out[-1].append(ln)
+            bottom = max(bottom, ln.bottom)
+            continue
         out.append([ln])
-    return [sorted(r, key=lambda l: l.x0) for r in out]
+        top, bottom = ln.top, ln.bottom
+    return [sorted(r, key=lambda l: l.x0) if len(r) > 1 else r for r in out]
 
 
 def _band_rows(page: Page) -> list[tuple[str, list[Line]]]:
@@ -172,7 +171,7 @@ def xy_cut(lines: list[Line], extent: tuple[float, float] | None = None) -> list
         return []
     if extent is None:
         extent = (min(l.x0 for l in lines), max(l.x1 for l in lines))
-    if len(lines) == 1:
+    if len(lines) < 6:      # too few lines for two prose columns of three: the rows as they come
         return [(lines, extent)]
     height = statistics.median(l.height for l in lines)
     vgaps = [g for g in _gaps([(l.x0, l.x1) for l in lines]) if g[1] - g[0] >= max(MIN_GUTTER_PT, 0.8 * height)]
