@@ -101,10 +101,9 @@ def text_layer_problem(text: str, cfg: PdfConfig) -> str | None:
         return "garbage"
     known = _function_words(tuple(cfg.ocr_languages))
     words = [w.lower() for w in _WORD.findall(text)]
-    if known and len(words) >= 30:
-        common = sum(w in known for w in words) / len(words)
+    if known and len(words) >= 30 and sum(w in known for w in words) < 0.02 * len(words):
         odd_words = sum(bool(_UNPRONOUNCEABLE.search(w)) for w in words if len(w) > 1) / len(words)
-        if common < 0.02 and odd_words > 0.3:   # words, but in no language of ours: a font without its mapping
+        if odd_words > 0.3:   # words, but in no language of ours: a font without its mapping
             return "language"
     return None
 
@@ -171,6 +170,8 @@ def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
         conn.send(("info", {"pages": len(doc), "producer": meta.get("Producer"), "title": meta.get("Title"),
                             "repaired": repaired}))
         state: dict = {}      # what one page teaches the next: the language OCR reads best in
+        batch: list[tuple[int, dict]] = []
+        sent = time.monotonic()
         for i in range(start, min(len(doc), cfg["max_pages"])):
             t0 = time.perf_counter()
             try:
@@ -180,12 +181,18 @@ def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
             except Exception as e:  # pdfium refuses the page: that page is lost, not the rest
                 result = {"status": "dropped", "reason": "pdf:page_error", "detail": f"{type(e).__name__}: {e}"[:200]}
             result["seconds"] = time.perf_counter() - t0
-            conn.send(("page", i, result))
-        conn.send(("done", None))
+            batch.append((i, result))
+            # fast pages go back in batches (one hand-over between the processes per BATCH_S, not
+            # per page); `batch` off: page by page, to find the page that hung or crashed
+            if not cfg["batch"] or time.monotonic() - sent >= BATCH_S:
+                conn.send(("pages", batch))
+                batch, sent = [], time.monotonic()
+        conn.send(("pages", batch, "done"))
     finally:
         doc.close()
 
 
+BATCH_S = 0.05
 _CATALOG = re.compile(rb"(\d+)\s+(\d+)\s+obj\s*<<(?:(?!endobj).){0,4000}?/Type\s*/Catalog", re.S)
 MAX_REPAIR_BYTES = 256 << 20
 
@@ -482,9 +489,9 @@ def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
     deadline = time.monotonic() + cfg.doc_timeout_s
     results: dict[int, dict] = {}
     info: dict | None = None
-    start = 0
+    start, batch = 0, True
     while True:
-        worker.send(("read", source, start, job))
+        worker.send(("read", source, start, {**job, "batch": batch}))
         msg = worker.receive(cfg.page_timeout_s + 10)
         if msg[0] in ("timeout", "died", "error"):
             reason = msg[1] if msg[0] == "error" else "pdf:unreadable"
@@ -504,18 +511,24 @@ def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
                 finished = True
                 break
             msg = worker.receive(min(cfg.page_timeout_s, left))
-            if msg[0] == "page":
-                results[msg[1]] = msg[2]
-                i = msg[1] + 1
+            if msg[0] == "pages":
+                for k, result in msg[1]:
+                    results[k] = result
+                    i = k + 1
+                if len(msg) > 2:
+                    finished = True
+                    break
                 continue
-            if msg[0] == "done":
-                finished = True
+            if batch:
+                # some page from i on hung or killed the child (stopped now): read again from i
+                # page by page, which finds it
+                batch = False
                 break
-            # the page hung or killed the child (which is stopped now): count it, go on after it
             reason = "pdf:page_timeout" if msg[0] == "timeout" and left > cfg.page_timeout_s else \
                 "pdf:time_budget" if msg[0] == "timeout" else "pdf:page_error"
             results[i] = {"status": "dropped", "reason": reason}
             i += 1
+            batch = True
             break
         if finished or i >= last:
             break

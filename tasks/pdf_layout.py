@@ -64,7 +64,8 @@ class Line:
 
     @property
     def height(self) -> float:
-        return max(1e-3, self.bottom - self.top)
+        h = self.bottom - self.top
+        return h if h > 1e-3 else 1e-3
 
 
 @dataclass
@@ -147,11 +148,13 @@ def remove_running(pages: list[Page]) -> dict[str, int]:
 def _gaps(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The gaps between the union of `intervals`, as (start, end)."""
     out = []
-    end = None
-    for a, b in sorted(intervals):
-        if end is not None and a > end:
+    intervals = sorted(intervals)
+    end = intervals[0][1] if intervals else 0.0
+    for a, b in intervals:
+        if a > end:
             out.append((end, a))
-        end = b if end is None else max(end, b)
+        if b > end:
+            end = b
     return out
 
 
