@@ -18,7 +18,7 @@ Model (each assumption is printed with the table):
 
     .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
         [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1]
-        [--pdf-text-pages-per-s 80 --pdf-ocr-pages-per-s 0.2] [--append bench/RESULTS.md]
+        [--pdf-text-pages-per-s 268 --pdf-ocr-pages-per-s 0.33] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ STUDENT_FLOP_PARAMS = 2.1e6
 STUDENT_TOKENS = 128
 TOKENIZER_TOKENS_PER_CORE_S = 290_000   # HF tokenizers encode_batch, ~580k tokens/s on 2 threads here
 # extract's PDF path, per core (bench/pdf_extraction.py, bench/RESULTS.md "PDF extraction")
-PDF_TEXT_PAGES_PER_CORE_S = 80.0
-PDF_OCR_PAGES_PER_CORE_S = 0.2
+PDF_TEXT_PAGES_PER_CORE_S = 268.0
+PDF_OCR_PAGES_PER_CORE_S = 0.33
 
 
 def pdf_lines(text_pages_per_s: float, ocr_pages_per_s: float, cores: list[int]) -> list[str]:

@@ -17,8 +17,9 @@ Corpora:
   Markdown or layout-padded: the F1 is against them as they are);
 - `speed`: the first `--speed-pages` pages of every born-digital PDF in ../shared/data/pdf: pages/s.
 
-F1 is bag-of-words over lower-cased word tokens, per document, averaged. pages/s is wall time on
-one core per side (quipu's work runs in its child process, the parent waits), so it is per core.
+F1 is bag-of-words over lower-cased word tokens, per document, averaged. pages/s is wall time;
+pages per CPU-second counts the CPU of every process a side uses (quipu's parent, its PDF child and
+Tesseract), the per-core figure, which a loaded machine does not distort as it does wall time.
 
     .venv/bin/python bench/pdf_extraction.py [--scan-docs 3] [--speed-pages 10] [--shared DIR] [--append bench/RESULTS.md]
 """
@@ -123,6 +124,7 @@ def evaluate(docs: list, sides: list[str], max_pages: int = 10_000, ocr: str = "
     res = {}
     for side in sides:
         f1s, pages, seconds, headers_left, numbers_left = [], 0, 0.0, 0, 0
+        cpu0 = cpu_seconds()
         for name, data, known, header in docs:
             t0 = time.perf_counter()
             try:
@@ -138,10 +140,26 @@ def evaluate(docs: list, sides: list[str], max_pages: int = 10_000, ocr: str = "
             if header is not None:
                 headers_left += header in text
                 numbers_left += any(is_page_number(l) for l in text.splitlines() if l.strip())
+        cpu = cpu_seconds() - cpu0
         res[side] = {"f1": sum(f1s) / len(f1s) if f1s else None, "pages": pages, "seconds": seconds,
-                     "pages_per_s": pages / seconds if seconds else 0.0, "headers_left": headers_left,
+                     "pages_per_s": pages / seconds if seconds else 0.0, "pages_per_cpu_s": pages / cpu if cpu > 0 else 0.0, "headers_left": headers_left,
                      "docs_with_page_numbers_left": numbers_left}
     return res
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of quipu's PDF child process (and Tesseract, once it has
+    exited), so that a side's cost is counted whichever process does the work: pages per CPU-second
+    is the per-core figure, and it holds on a loaded machine where wall time does not."""
+    import psutil
+    from quipu.tasks import pdf
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    worker = getattr(pdf._local, "pdf_worker", None)
+    if worker is not None and worker.alive():
+        c = psutil.Process(worker.proc.pid).cpu_times()
+        total += c.user + c.system + c.children_user + c.children_system   # Tesseract runs under it
+    return total
 
 
 def speed_corpus(max_pages: int) -> list:
@@ -153,12 +171,14 @@ def speed_corpus(max_pages: int) -> list:
 
 def table(title: str, res: dict, anchor: str = "pypdfium2") -> list[str]:
     base = res.get(anchor, {}).get("pages_per_s") or 0
-    lines = [f"**{title}**", "", "| side | token F1 | pages | pages/s | vs pypdfium2 | running headers left | docs with a page-number line left |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    cpu_base = res.get(anchor, {}).get("pages_per_cpu_s") or 0
+    lines = [f"**{title}**", "", "| side | token F1 | pages | pages/s (wall) | vs pypdfium2 | pages per CPU-second | vs pypdfium2 | running headers left | docs with a page-number line left |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for side, r in res.items():
         f1 = f"{r['f1']:.4f}" if r["f1"] is not None else "-"
         ratio = f"{r['pages_per_s'] / base:.2f}x" if base else "-"
-        lines.append(f"| {side} | {f1} | {r['pages']} | {r['pages_per_s']:.3g} | {ratio} | {r['headers_left']} | {r['docs_with_page_numbers_left']} |")
+        cpu_ratio = f"{r['pages_per_cpu_s'] / cpu_base:.2f}x" if cpu_base else "-"
+        lines.append(f"| {side} | {f1} | {r['pages']} | {r['pages_per_s']:.3g} | {ratio} | {r['pages_per_cpu_s']:.3g} | {cpu_ratio} | {r['headers_left']} | {r['docs_with_page_numbers_left']} |")
     return lines + [""]
 
 
@@ -191,9 +211,10 @@ def main() -> None:
         # corpus is the anchor and quipu only, so the run stays short
         speed = evaluate(speed_corpus(args.speed_pages), ["pypdfium2", "quipu"], max_pages=args.speed_pages)
         out += table(f"Speed: the first {args.speed_pages} pages of every born-digital ../shared/data/pdf file", speed)
-        if speed["quipu"]["pages_per_s"] and speed["pypdfium2"]["pages_per_s"]:
-            out.append(f"quipu text-layer pages/s per core vs raw pypdfium2: "
-                       f"**{speed['quipu']['pages_per_s'] / speed['pypdfium2']['pages_per_s']:.2f}x** (target >= 0.5x)")
+        if speed["quipu"]["pages_per_cpu_s"] and speed["pypdfium2"]["pages_per_cpu_s"]:
+            out.append(f"quipu text-layer pages per CPU-second (per core) vs raw pypdfium2: "
+                       f"**{speed['quipu']['pages_per_cpu_s'] / speed['pypdfium2']['pages_per_cpu_s']:.2f}x** (target >= 0.5x); "
+                       f"wall time {speed['quipu']['pages_per_s'] / speed['pypdfium2']['pages_per_s']:.2f}x (two processes handing pages over on a loaded machine)")
             out.append("")
     else:
         out.append(f"(../shared/data/pdf not found at {SHARED_PDF}: shared and speed corpora skipped)\n")
