@@ -45,6 +45,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'   # pypdf and pdfminer.six, compared in bench/pdf_extraction.py
 	$(BIN)/python bench/run_all.py
 
 # KenLM's lmplz/build_binary from the kenlm source distribution (PyPI ships only the query module).
