@@ -20,7 +20,9 @@ The steps, per document:
    break. Paragraphs are separated by one blank line.
 4. Hyphenation: a line that ends in a hyphen the PDF marks as generated (pdfium's U+0002, or a soft
    hyphen) is joined to the next without it; so is one that ends in a letter and '-' when the next
-   line starts with a lower-case letter (a hyphenated word, not a dash).
+   line starts with a lower-case letter (a hyphenated word, not a dash). pdfium marks a compound's
+   own hyphen at a line end the same way: the hyphen stays when the document writes that compound
+   with a hyphen elsewhere and never as one word.
 """
 from __future__ import annotations
 
@@ -244,12 +246,35 @@ def _new_paragraph(prev: Line, line: Line, pitch: float | None) -> bool:
     return short and prev.text.rstrip().endswith(_END_PUNCT)
 
 
+BREAK = "\x00"     # where a word was joined across a line-end hyphen, until the document decides
+
+
 def _join(para: str, line: str) -> str:
     if para.endswith(tuple(GENERATED_HYPHENS)):
-        return para.rstrip(GENERATED_HYPHENS) + line
+        return para.rstrip(GENERATED_HYPHENS) + BREAK + line
     if len(para) >= 2 and para[-1] == "-" and para[-2].isalpha() and line[:1].islower():
-        return para[:-1] + line
+        return para[:-1] + BREAK + line
     return f"{para} {line}"
+
+
+_BROKEN = re.compile(r"(\w*)\x00(\w*)")
+_HYPHENATED = re.compile(r"\w+(?:-\w+)+")
+
+
+def _unbreak(paras: list[str]) -> list[str]:
+    """A word broken at a line end is joined ("imple-" "mented": "implemented") unless the document
+    writes it with a hyphen elsewhere and never without ("open-" "domain": "open-domain")."""
+    text = "\n".join(paras)
+    if BREAK not in text:
+        return paras
+    plain = set(re.findall(r"\w+", text.replace(BREAK, " ").lower()))
+    hyphenated = {w.lower() for w in _HYPHENATED.findall(text.replace(BREAK, " "))}
+
+    def fix(m: re.Match) -> str:
+        a, b = m.group(1), m.group(2)
+        keep = f"{a}-{b}".lower() in hyphenated and f"{a}{b}".lower() not in plain
+        return f"{a}-{b}" if keep else a + b
+    return [_BROKEN.sub(fix, p) if BREAK in p else p for p in paras]
 
 
 def paragraphs(lines: list[Line]) -> list[str]:
@@ -265,7 +290,7 @@ def paragraphs(lines: list[Line]) -> list[str]:
         else:
             out[-1] = _join(out[-1], text)
         prev = line
-    return [p.translate(_NO_GENERATED) for p in out]
+    return _unbreak([p.translate(_NO_GENERATED) for p in out])
 
 
 def document_text(pages: list[Page]) -> tuple[str, dict[str, int]]:
