@@ -7,9 +7,21 @@ PYTEST_ARGS ?=
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
-.PHONY: install demo test test-fast bench kenlm server worker worker-requirements clean
+.PHONY: install demo test test-fast bench kenlm ocr server worker worker-requirements clean
 
-install: $(STAMP)
+install: $(STAMP) ocr
+
+# Tesseract with its Spanish, Portuguese and English data reads scanned PDF pages (extract.pdf);
+# installed from Debian when missing. Without it such pages are removed as pdf:ocr_unavailable.
+OCR_PACKAGES := tesseract-ocr tesseract-ocr-spa tesseract-ocr-por tesseract-ocr-eng
+ocr:
+	@langs="$$(tesseract --list-langs 2>/dev/null)"; \
+	for l in spa por eng; do echo "$$langs" | grep -qx "$$l" || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null; then echo "installing $(OCR_PACKAGES) (Debian)"; \
+	    apt-get update -qq && apt-get install -y -qq $(OCR_PACKAGES) >/dev/null || echo "could not install $(OCR_PACKAGES): scanned PDF pages will be removed as pdf:ocr_unavailable"; \
+	  else echo "no apt-get: install $(OCR_PACKAGES) (or your system's Tesseract with spa/por/eng data) for OCR of scanned PDF pages"; fi; \
+	fi
 
 # torch first and pinned: pip takes the CPU build on disk; an unpinned torch pulls a CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -33,6 +45,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'   # pypdf and pdfminer.six, compared in bench/pdf_extraction.py
 	$(BIN)/python bench/run_all.py
 
 # KenLM's lmplz/build_binary from the kenlm source distribution (PyPI ships only the query module).

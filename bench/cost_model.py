@@ -17,7 +17,8 @@ Model (each assumption is printed with the table):
   documents; the input is not counted.
 
     .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
-        [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1] [--append bench/RESULTS.md]
+        [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1]
+        [--pdf-text-pages-per-s 268 --pdf-ocr-pages-per-s 0.33] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ GPU_EFFECTIVE_FLOPS = 100e12         # H100 bf16 at ~10% of peak for a 2-layer s
 STUDENT_FLOP_PARAMS = 2.1e6
 STUDENT_TOKENS = 128
 TOKENIZER_TOKENS_PER_CORE_S = 290_000   # HF tokenizers encode_batch, ~580k tokens/s on 2 threads here
+# extract's PDF path, per core (bench/pdf_extraction.py, bench/RESULTS.md "PDF extraction")
+PDF_TEXT_PAGES_PER_CORE_S = 268.0
+PDF_OCR_PAGES_PER_CORE_S = 0.33
+
+
+def pdf_lines(text_pages_per_s: float, ocr_pages_per_s: float, cores: list[int]) -> list[str]:
+    """Extract's PDF pages: each page costs 1 / pages-per-core-second; a PDF is a work unit of its
+    own, so pages spread over all cores (a projection from bench/pdf_extraction.py's figures)."""
+    out = [f"**PDF pages in extract** (projection; measured per core by `bench/pdf_extraction.py`: text layer "
+           f"{text_pages_per_s:g} pages/s, OCR at 300 dpi {ocr_pages_per_s:g} pages/s)", "",
+           "| pages | " + " | ".join(f"{n} cores" for n in cores) + " |", "|---|" + "---:|" * len(cores)]
+    for what, rate in (("1M text-layer pages", text_pages_per_s), ("1M scanned pages (OCR)", ocr_pages_per_s)):
+        out.append(f"| {what} | " + " | ".join(hours(1e6 / rate / n) for n in cores) + " |")
+    return out + [""]
 
 
 def per_doc_costs(measured: dict) -> dict:
@@ -92,6 +107,10 @@ def main() -> None:
     ap.add_argument("--docs", default="10000000,100000000")
     ap.add_argument("--ppl-docs-per-s", type=float, default=480.0, help="student docs/s on one machine (bench/RESULTS.md)")
     ap.add_argument("--ppl-cores", type=int, default=1, help="cores (threads) that rate was measured on")
+    ap.add_argument("--pdf-text-pages-per-s", type=float, default=PDF_TEXT_PAGES_PER_CORE_S,
+                    help="PDF pages per core-second read from the text layer (bench/pdf_extraction.py)")
+    ap.add_argument("--pdf-ocr-pages-per-s", type=float, default=PDF_OCR_PAGES_PER_CORE_S,
+                    help="PDF pages per core-second read by OCR at 300 dpi (bench/pdf_extraction.py)")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -127,6 +146,7 @@ def main() -> None:
                   f"{p['worker_mem'] / 2**30:.1f} GiB per worker process (bounded by shard size and `partition_rows`, "
                   f"not by the run), and {p['combine_mem'] / 2**30:.1f} GiB in dedup's combine task "
                   f"({COMBINE_BYTES_PER_REMOVED} bytes per removed document, {costs['stages']['dedup']['removed_share']:.0%} removed).", ""]
+    lines += pdf_lines(args.pdf_text_pages_per_s, args.pdf_ocr_pages_per_s, cores)
     tok_docs_core = TOKENIZER_TOKENS_PER_CORE_S / STUDENT_TOKENS
     gpu_docs = GPU_EFFECTIVE_FLOPS / (2 * STUDENT_FLOP_PARAMS * STUDENT_TOKENS)
     lines += [f"**A GPU (projection, not measured: this machine has none).** The student's body is ~{STUDENT_FLOP_PARAMS / 1e6:.1f}M "

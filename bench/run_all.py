@@ -17,6 +17,7 @@ BENCHMARKS = [
     ["decontam_throughput.py"],
     ["train_throughput.py", "--rounds", "4", "--steps", "3", "--threads", "2"],
     ["ppl_distill.py"],
+    ["pdf_extraction.py", "--scan-docs", "2"],
 ]
 
 

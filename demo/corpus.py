@@ -10,6 +10,10 @@ gzip without timestamps: the same bytes on every build with the same installed p
     raw/text-dump-a.jsonl           plain-text documents: id, url, text, date + extra fields,
                                     and the malformed lines
     raw/text-dump-b.jsonl.gz        the same kind, gzip
+    raw/pdf/*.pdf                   PDFs made here from the same real text (demo/pdfs.py, reportlab):
+                                    a Spanish report in two columns and a Portuguese bulletin in one,
+                                    with running headers, page numbers and hyphenation; an English
+                                    page scanned (image only: OCR); one locked with a password
     labels.jsonl                    what we planted: one line per record (file, id, kind, lang,
                                     origin), outside raw/ so it is never curated
 
@@ -20,7 +24,8 @@ text again under another URL or id), `boilerplate_only` (navigation and footer, 
 stuffing), `short`, `word_salad` (real words in random order), `benchmark_leak` (HumanEval
 prompts quoted in a blog post), `binary_junk`, `empty`, `pii` (an article with a contact paragraph:
 e-mail, phone, IP, DNI/CPF), `blocked_url` (an article under a URL of datatrove's adult blocklist or
-with a banned word), and for the JSONL dumps `malformed_json`, `invalid_utf8`, `missing_text`.
+with a banned word), and for the JSONL dumps `malformed_json`, `invalid_utf8`, `missing_text`;
+the PDFs are `pdf` (born-digital), `pdf_scan` (image only) and `pdf_encrypted`.
 Pages of the help sites (and their copies and stubs) end with the site's feedback line, the
 boilerplate that survives extraction and that line-level dedup removes.
 """
@@ -44,7 +49,7 @@ from quipu.demo import sources as src
 from quipu.demo.sources import Article, Block
 
 SEED = 20261122
-CORPUS_VERSION = 6                      # bump when the builder changes what it writes
+CORPUS_VERSION = 7                      # bump when the builder changes what it writes
 CRAWL_START = datetime(2026, 10, 5, 6, 0, 0)
 WARC_FILES = 3
 MANIFEST = "manifest.json"
@@ -633,6 +638,10 @@ def build_demo_corpus(out_dir: str | Path = "data/demo", scale: float = 1.0, see
         labels += jp.write(path, part, prefix)
         files.append(path)
 
+    for path, label in write_pdfs(raw / "pdf", seed):
+        labels.append(label)
+        files.append(path)
+
     with atomic_path(out / "labels.jsonl") as tmp:
         tmp.write_text("".join(json.dumps(x, ensure_ascii=False, sort_keys=True) + "\n" for x in labels))
     counts: dict[str, int] = {}
@@ -640,12 +649,55 @@ def build_demo_corpus(out_dir: str | Path = "data/demo", scale: float = 1.0, see
         counts[x["kind"]] = counts.get(x["kind"], 0) + 1
     write_json_atomic(out / MANIFEST, {
         "version": CORPUS_VERSION, "seed": seed, "scale": scale,
-        "files": {p.name: sha256_file(p) for p in files},
+        "files": {p.relative_to(raw).as_posix(): sha256_file(p) for p in files},
         "records": len(labels), "kinds": dict(sorted(counts.items())),
         "languages": _lang_counts(labels),
         "sources": sorted({x["origin"].split(":")[0] for x in labels if x["kind"] == "article"}),
     })
     return files
+
+
+# (file name, kind, lang, columns, paragraphs): few and small, the scan one page (OCR takes seconds)
+DEMO_PDFS = (("informe-regional-es.pdf", "pdf", "es", 2, 14), ("boletim-pt.pdf", "pdf", "pt", 1, 10),
+             ("scan-en.pdf", "pdf_scan", "en", 1, 3), ("locked-es.pdf", "pdf_encrypted", "es", 1, 2))
+
+
+def write_pdfs(out: Path, seed: int) -> list[tuple[Path, dict]]:
+    """The demo's PDFs (deterministic bytes: reportlab's invariant mode) and their labels; a PDF's
+    id is the one extract gives a file read whole (`stable_id(name, "file")`)."""
+    from quipu.demo.pdfs import make_pdf, prose
+    from quipu.tasks.records import stable_id
+    written = []
+    for k, (name, kind, lang, columns, n) in enumerate(DEMO_PDFS):
+        paras = prose(lang, n, seed=seed + k)
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "pdf_encrypted":
+            data = _locked_pdf(paras)
+        else:
+            data = make_pdf(paras, lang, columns=columns, seed=seed + k, image_only=kind == "pdf_scan").data
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+        written.append((path, {"file": f"pdf/{name}", "id": stable_id(name, "file"), "kind": kind, "lang": lang,
+                               "url": None, "origin": "demo.pdfs:" + ("python-reference" if lang == "en" else "catalogues")}))
+    return written
+
+
+def _locked_pdf(paragraphs: list[str]) -> bytes:
+    """A PDF that opens only with a user password (extract removes it: extract:pdf:encrypted)."""
+    from reportlab import rl_config
+    from reportlab.lib.pdfencrypt import StandardEncryption
+    from reportlab.pdfgen import canvas
+    rl_config.invariant = 1
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, encrypt=StandardEncryption("demo-secret", "demo-owner", strength=128))
+    y = 780
+    for p in paragraphs:
+        c.drawString(72, y, p[:90].encode("cp1252", "ignore").decode("cp1252"))
+        y -= 16
+    c.showPage()
+    c.save()
+    return buf.getvalue()
 
 
 def _lang_counts(labels: list[dict]) -> dict[str, int]:

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from quipu.catalog.files import read_json, write_bytes_atomic
-from quipu.flows.reports import funnel_rows
+from quipu.flows.reports import funnel_rows, pdf_rows
 from quipu.tasks.stage import RunContext
 
 PALETTE = {"kept": "#3b7dd8", "removed": "#e07b39", "cut": "#333333", "bars": "#6a8fb5"}
@@ -262,6 +262,8 @@ def _stage_details(name: str, report: dict) -> str:
         if top:
             parts.append("<h3>Most repeated lines removed</h3>" + _table(
                 ["line", "documents with it", "removed here"], [[x["line"], x["documents"], x["removed_here"]] for x in top[:20]], {1, 2}))
+    if stats.get("pdf"):
+        parts.append("<h3>PDF pages</h3>" + _table(["what", "count"], pdf_rows(stats["pdf"]), {1}))
     edits = {k: n for k, n in stats.get("edits", {}).items() if n}
     if edits:
         parts.append("<h3>Edits to kept text</h3>" + _table(["edit", "count"], list(edits.items()), {1}))

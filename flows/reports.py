@@ -51,6 +51,11 @@ def format_funnel(run: dict, top: int = 5) -> str:
             out.append(f"{s['name']}: top removal reasons")
             for reason, n in list(s["removed_by_reason"].items())[:top]:
                 out.append(f"  {n:>8}  {reason}")
+        if s.get("pdf"):
+            out.append("")
+            out.append(f"{s['name']}: PDF pages")
+            for what, n in pdf_rows(s["pdf"]):
+                out.append(f"  {n:>8}  {what}")
         if s.get("edits"):
             out.append("")
             out.append(f"{s['name']}: edits to kept text")
@@ -72,6 +77,18 @@ def format_funnel(run: dict, top: int = 5) -> str:
     return "\n".join(out)
 
 
+def pdf_rows(pdf: dict) -> list[tuple[str, int]]:
+    """What extract did with PDF pages (tasks/pdf.py stats), as (what, count) rows."""
+    rows = [("PDF documents", pdf.get("documents", 0)), ("pages", pdf.get("pages", 0)),
+            ("pages read from the text layer", pdf.get("pages_text", 0)), ("pages read by OCR", pdf.get("pages_ocr", 0)),
+            ("empty pages", pdf.get("pages_empty", 0))]
+    rows += [(f"pages dropped: {reason}", n) for reason, n in sorted(pdf.get("pages_dropped", {}).items())]
+    rows += [(f"documents not opened: {reason}", n) for reason, n in sorted(pdf.get("documents_unread", {}).items())]
+    rows += [("running header/footer lines removed", pdf.get("running_lines_removed", 0)),
+             ("page numbers removed", pdf.get("page_numbers_removed", 0))]
+    return rows
+
+
 def stage_markdown(report: dict) -> str:
     lines = [f"# Stage `{report['stage']}`", "",
              f"input **{report['input_docs']}** · kept **{report['kept_docs']}** · removed **{report['removed_docs']}** "
@@ -89,6 +106,10 @@ def stage_markdown(report: dict) -> str:
                 text = ex["snippet"].replace("|", "\\|").replace("\n", " ")
                 lines.append(f"- `{ex['id']}`: {text}")
             lines.append("")
+    if report.get("stats", {}).get("pdf"):
+        lines += ["## PDF pages", "", "| what | count |", "|---|---:|"]
+        lines += [f"| {what} | {n} |" for what, n in pdf_rows(report["stats"]["pdf"])]
+        lines.append("")
     edits = {k: n for k, n in report.get("stats", {}).get("edits", {}).items() if n}
     if edits:
         lines += ["## Edits to kept text", "", "| edit | count |", "|---|---:|"]

@@ -12,9 +12,7 @@ or crash costs one document (`extract:timeout`), not the run.
 """
 from __future__ import annotations
 
-import atexit
 import json
-import multiprocessing as mp
 import re
 import threading
 import time
@@ -25,9 +23,11 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import readers, records, text_repair, warc
+from quipu.tasks import pdf, pdf_layout, readers, records, text_repair, warc
+from quipu.tasks.child_worker import ChildWorker
+from quipu.tasks.pdf import PdfConfig
 from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, TEXT_BYTES, conform
-from quipu.tasks.driver import count_reasons, load_done
+from quipu.tasks.driver import count_reasons, load_done, merge_counts
 from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
 
 import hashlib
@@ -55,6 +55,7 @@ class ExtractConfig(StageConfig):
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
     max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
+    pdf: PdfConfig = Field(default_factory=PdfConfig, description="PDF files and WARC/ARC PDF responses: text layer, OCR, limits (tasks/pdf.py)")
     fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
     include_comments: bool = False
     include_tables: bool = True
@@ -63,9 +64,6 @@ class ExtractConfig(StageConfig):
 
 
 # ---- HTML extraction in a child process, with a time limit --------------------------------------
-
-WORKER_START_TIMEOUT_S = 300
-
 
 def _serve(conn) -> None:  # runs in the child
     import logging
@@ -91,47 +89,20 @@ def _serve(conn) -> None:  # runs in the child
 
 
 class HtmlExtractor:
-    """A long-lived trafilatura worker process; restarted after a timeout or a crash."""
-
-    _all: list["HtmlExtractor"] = []
+    """A long-lived trafilatura worker process (`child_worker.ChildWorker`); restarted after a
+    timeout or a crash."""
 
     def __init__(self):
-        self.proc = None
-        self.conn = None
-        HtmlExtractor._all.append(self)
-
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        self.conn = parent
-        # Starting Python and importing trafilatura takes seconds, more on a loaded machine: wait for
-        # the worker to be ready, so that start-up never counts against a document's time limit.
-        if not parent.poll(WORKER_START_TIMEOUT_S):
-            self.stop()
-            raise RuntimeError(f"the HTML extraction worker did not start in {WORKER_START_TIMEOUT_S} s")
-        parent.recv()
+        self.worker = ChildWorker(_serve, what="HTML extraction worker")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(5)
-        self.proc = self.conn = None
+        self.worker.stop()
 
     def extract(self, html: bytes | str, url: str | None, opts: dict, timeout_s: float) -> tuple[str, str | None]:
         """('ok', text) | ('empty', None) | ('timeout', None) | ('error', message)."""
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-        self.conn.send((html, url, opts))
-        if not self.conn.poll(timeout_s):
-            self.stop()
-            return "timeout", None
-        try:
-            status, value = self.conn.recv()
-        except EOFError:  # the child died (segfault, out of memory)
-            self.stop()
+        self.worker.send((html, url, opts))
+        status, value = self.worker.receive(timeout_s)
+        if status == "died":
             return "error", "extractor process died"
         if status == "ok" and not (value or "").strip():
             return "empty", None
@@ -145,12 +116,6 @@ def _extractor() -> HtmlExtractor:
     if getattr(_local, "extractor", None) is None:
         _local.extractor = HtmlExtractor()
     return _local.extractor
-
-
-@atexit.register
-def _stop_all() -> None:
-    for ex in HtmlExtractor._all:
-        ex.stop()
 
 
 # ---- per-record logic -------------------------------------------------------------------------
@@ -180,10 +145,20 @@ def control_char_ratio(text: str, sample: int = 100_000) -> float:
     return len(_CONTROL.findall(head)) / max(1, len(head))
 
 
-def decide(record: readers.RawRecord, cfg: ExtractConfig) -> tuple[str, str | None]:
-    """(text, removal reason or None) for one record."""
+def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None) -> tuple[str, str | None]:
+    """(text, removal reason or None) for one record. A PDF's page counts are added to `pdf_stats`
+    and its fields (pdf_pages, ...) to the record's metadata."""
     if record.reject:
         return record.text or "", f"extract:{record.reject}"
+    if record.pdf is not None:
+        got = pdf.read_pdf(record.pdf, cfg.pdf)
+        record.metadata.update(got.metadata)
+        if pdf_stats is not None:
+            merge_counts(pdf_stats, got.stats)
+        if got.reason:
+            return got.text, f"extract:{got.reason}"
+        record.pdf = None
+        record.text = got.text
     if record.html is not None:
         if len(record.html) > cfg.max_html_bytes:
             return "", "extract:html_too_large"
@@ -225,7 +200,7 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], readers, records, text_repair, warc)
+    return module_version(sys.modules[__name__], readers, records, text_repair, warc, pdf, pdf_layout)
 
 
 class FileAccount(BaseModel):
@@ -350,7 +325,8 @@ def pack_inputs(paths: list[str], pack_bytes: int) -> list[list[Input]]:
     size = 0
     for path in paths:
         n = readers.file_size(path)
-        large = n is None or n >= pack_bytes
+        # a PDF is a unit of its own: its pages (OCR above all) are the work, not its bytes
+        large = n is None or n >= pack_bytes or readers.reader_kind(path) == "pdf"
         if current and (large or size + n > pack_bytes):
             units.append(current)
             current, size = [], 0
@@ -423,6 +399,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
     quarantine_rows: list[dict] = []
     repaired: dict[str, int] = {}     # documents whose text fix_unicode changed, by kind
     skipped: dict[str, int] = {}
+    pdf_stats: dict = {}
     files: list[FileAccount] = []
     out = _Outputs(layout, key, cfg)
     try:
@@ -435,7 +412,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg)
+                text, reason = decide(item, cfg, pdf_stats)
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -469,6 +446,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
         quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=skipped,
         kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
         removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": skipped, "unicode_repaired": repaired,
+               **({"pdf": pdf_stats} if pdf_stats else {}),
                "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}},
         bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
         seconds=round(time.perf_counter() - t0, 3))

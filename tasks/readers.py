@@ -1,4 +1,4 @@
-"""Input readers, chosen by extension: WARC/ARC, JSONL (plain, .gz, .zst) and parquet, on local
+"""Input readers, chosen by extension: WARC/ARC, JSONL (plain, .gz, .zst), parquet and PDF, on local
 paths, globs or any fsspec URL.
 
 Each reader yields `RawRecord`s (a document, possibly still HTML) and `Quarantined` entries (a
@@ -35,6 +35,10 @@ ids and `line N` positions are those of the whole file), parquet by row groups. 
 and WARC/ARC files are read whole: finding a record boundary inside them means decompressing up to
 it.
 
+A PDF file is one record: a document whose pages stage extract reads (quipu.tasks.pdf); a local file
+is read where it lies, a remote one is fetched whole (up to `max_record_bytes`, else removed as
+`extract:too_large`).
+
 A "record" in `records read` is therefore: a JSONL line, a WARC/ARC record, a parquet row, or one
 unreadable range/file reported as a single quarantined record.
 
@@ -61,12 +65,13 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_blocks
 from quipu.tasks.records import (CHUNK, KNOWN_FIELDS, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits,
                                  ReadStats, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
+from quipu.tasks.pdf import PDF_SUFFIXES
 from quipu.tasks.warc import read_warc
 
 WARC_SUFFIXES = (".warc", ".warc.gz", ".arc", ".arc.gz", ".warc.wet.gz", ".wet.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
-SUPPORTED = WARC_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+SUPPORTED = WARC_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES + PDF_SUFFIXES
 
 
 def reader_kind(path: str) -> str | None:
@@ -77,6 +82,8 @@ def reader_kind(path: str) -> str | None:
         return "jsonl"
     if p.endswith(PARQUET_SUFFIXES):
         return "parquet"
+    if p.endswith(PDF_SUFFIXES):
+        return "pdf"
     return None
 
 
@@ -303,6 +310,8 @@ def read(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits(),
         items = read_jsonl(path, limits, size, part)
     elif kind == "parquet":
         items = read_parquet(path, limits=limits, part=part)
+    elif kind == "pdf":
+        items = read_pdf_file(path, limits, size)
     else:
         yield Quarantined(source_name(path), "file", f"unsupported file type (expected one of {', '.join(SUPPORTED)})")
         return
@@ -579,6 +588,30 @@ def _jsonl_record(path: str, lineno: int, line: _Line) -> RawRecord | Quarantine
             content_type=_str_or_none(obj.get("content_type")), metadata=_metadata(obj))
     except ValueError as e:  # str() of a field that cannot be converted (a huge integer)
         return Quarantined(path, where, f"unconvertible field value: {str(e)[:150]}", escape_snippet(raw), rid)
+
+
+# ---- PDF --------------------------------------------------------------------------------------
+
+def read_pdf_file(path: str, limits: ReadLimits = ReadLimits(), size: int | None = None) -> Iterator[RawRecord | Quarantined]:
+    """One PDF file as one record; its pages are read by stage extract (quipu.tasks.pdf)."""
+    base = dict(id=stable_id(path, "file"), source=path, offset="file", content_type="application/pdf")
+    local = _local(path)
+    if local is not None:
+        yield RawRecord(**base, pdf=local)
+        return
+    if size is not None and size > limits.max_record_bytes:
+        yield RawRecord(**base, text="", reject="too_large", size=size)
+        return
+    try:
+        with fsspec.open(path, "rb") as fh:
+            data = fh.read(limits.max_record_bytes + 1)
+    except Exception as e:
+        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        return
+    if len(data) > limits.max_record_bytes:
+        yield RawRecord(**base, text="", reject="too_large", size=size or len(data))
+        return
+    yield RawRecord(**base, pdf=data)
 
 
 # ---- parquet ----------------------------------------------------------------------------------

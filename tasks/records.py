@@ -31,6 +31,7 @@ class RawRecord:
     offset: str                       # where in the file (line number, byte offset)
     text: str | None = None           # plain-text documents
     html: bytes | None = None         # HTML payloads still to extract
+    pdf: bytes | str | None = None    # a PDF still to read: its bytes (from a WARC), or a local file's path
     url: str | None = None
     date: str | None = None
     content_type: str | None = None

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import fsspec
 
+from quipu.tasks.pdf import PDF_MIMES
 from quipu.tasks.records import (CHUNK, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
                                  blank_from, escape_snippet, find_magic, stable_id)
 
@@ -303,6 +304,8 @@ def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_
         return RawRecord(**base, text=payload.decode("utf-8", "replace")), tail
     if mime in ("text/html", "application/xhtml+xml") or (not mime and payload.lstrip()[:1] == b"<"):
         return RawRecord(**base, html=payload), tail
+    if mime in PDF_MIMES or (mime in ("", "application/octet-stream", "binary/octet-stream") and payload[:1024].lstrip().startswith(b"%PDF-")):
+        return RawRecord(**base, pdf=payload), tail
     return RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}"), tail
 
 

@@ -89,7 +89,7 @@ def test_timeout_costs_one_document_and_the_worker_recovers():
     try:
         status, _ = ex.extract(ARTICLE.encode() * 200, None, {}, timeout_s=0.001)
         assert status == "timeout"
-        assert ex.proc is None                      # the stuck worker was killed
+        assert ex.worker.proc is None               # the stuck worker was killed
         status, text = ex.extract(ARTICLE.encode(), None, {}, timeout_s=60)
         assert status == "ok" and "river rose" in text
     finally:

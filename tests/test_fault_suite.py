@@ -116,7 +116,7 @@ def build_odd_warc(path: Path, rng: random.Random, paras: list[str]) -> dict:
     with open(odd, "ab") as fh:   # a malformed record: garbage where the next WARC record should start
         fh.write(gzip.compress(b"WARC/1.0\r\nWARC-Type: response\r\nContent-Length: notanumber\r\n\r\n<html>junk", mtime=0))
     return {"removed": {"https://example.org/logo.png": "extract:not_html:image/png",
-                        "https://example.org/paper.pdf": "extract:not_html:application/pdf",
+                        "https://example.org/paper.pdf": "extract:pdf:unreadable",   # a PDF with no pages: pdfium cannot load it
                         "https://example.org/huge": "extract:html_too_large"},
             "skipped": {"request": 1}, "quarantine": ["malformed response record: no WARC-Target-URI"]}
 
@@ -198,7 +198,23 @@ def build_bad_corpus(d: Path) -> dict:
     #    dictionary/string_view parquet, an interrupted WARC, a lying Content-Length, a FIFO, a dangling link
     from tests.test_hostile_input import build_hostile_corpus
     exp.update(build_hostile_corpus(d))
+    exp.update(build_bad_pdfs(d, paras))
     return exp
+
+
+def build_bad_pdfs(d: Path, paras: list[str]) -> dict:
+    """PDFs (issue 29): locked with a user password, cut at 60%, and PDF-looking junk; each one
+    record, removed or kept with what its pages gave."""
+    from quipu.demo.pdfs import make_pdf
+    from quipu.tasks.records import stable_id
+    from tests.test_pdf import _encrypted
+    (d / "locked.pdf").write_bytes(_encrypted("secret", "owner"))
+    data = make_pdf(paras[:8], "en", columns=2, seed=1).data
+    (d / "cut.pdf").write_bytes(data[: int(len(data) * 0.6)])
+    (d / "junk.pdf").write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 8)
+    return {"locked.pdf": {"records": 1, "removed": {stable_id("locked.pdf", "file"): "extract:pdf:encrypted"}},
+            "cut.pdf": {"records": 1},
+            "junk.pdf": {"records": 1, "removed": {stable_id("junk.pdf", "file"): "extract:pdf:unreadable"}}}
 
 
 # ---- helpers ----------------------------------------------------------------------------------

@@ -391,3 +391,38 @@ def test_a_damaged_arc_url_is_quarantined_not_skipped(tmp_path):
     assert len(records) == len(b.ids) - 1
     assert _other_protocol("dns:example.org") and _other_protocol("chrome-extension://abc/x.html")
     assert not any(_other_protocol(u) for u in ("xhttps://a.b/", "7https://a.b/", " https://a.b/", "\x00http://a", None))
+
+
+# ---- PDF (issue 29): one file is one record, whatever the damage ---------------------------------
+
+PDF_EXAMPLES = 40
+
+
+def _pdf_built() -> Built:
+    from quipu.demo.pdfs import make_pdf
+    made = make_pdf([t for _, t in DOCS[:6]], "en", columns=2, seed=3)
+    return Built(made.data, ["pdf"], [(0, len(made.data))])
+
+
+@seed(SEED)
+@settings(max_examples=PDF_EXAMPLES, **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_fuzzed_pdf_is_one_accounted_record(data, tmp_path_factory):
+    """A mutated PDF (truncated, bytes flipped, garbage inserted, ranges deleted or duplicated)
+    is read in the PDF child process: never an exception, exactly one record (a document kept or
+    removed with an extract:pdf:* reason, or quarantined), the rows written match the counts."""
+    from quipu.tasks.pdf import PdfConfig
+    built = BUILT.setdefault("pdf", _pdf_built())
+    kind = data.draw(st.sampled_from(["truncate", "flip", "garbage", "delete", "duplicate"]), label="mutation")
+    mutated, _ = mutate("pdf", built, kind, data.draw)
+    run = tmp_path_factory.mktemp("fuzzpdf")
+    path = run / "in.pdf"
+    path.write_bytes(mutated)
+    result = extract_file(str(path), run / "out", ExtractConfig(pdf=PdfConfig(ocr="never", page_timeout_s=20))).model_dump()
+    assert result["records_read"] == 1 == result["input_docs"] + result["quarantined"]
+    kept = sum(pq.ParquetFile(s["path"]).metadata.num_rows for s in result["kept_shards"])
+    removed = pq.read_table(result["removed"]["path"]).to_pylist()
+    assert kept + len(removed) == result["input_docs"]
+    assert all(r["reason"].startswith("extract:") for r in removed), removed
+    assert not [p for p in run.rglob(".tmp-*")], "temporary files left"
+    COUNTS["pdf"] = COUNTS.get("pdf", 0) + 1
