@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from quipu.catalog import registry
 from quipu.flows.run_names import watch_name
+from quipu.flows.runners import checkout_warning
 from quipu.catalog.files import sha256_file, sha256_json
 from quipu.tasks.readers import SUPPORTED
 
@@ -305,8 +306,9 @@ def announce(cfg: WatchConfig, result: Scan) -> dict:
 def watch(config: WatchConfig = WatchConfig()) -> dict:
     """Announce new or changed input files with a `quipu.data.arrived` event (nothing new: no event)."""
     log = get_run_logger()
-    for warning in missing_locations(config):
-        log.warning(warning)
+    for warning in [checkout_warning(__file__), *missing_locations(config)]:
+        if warning:
+            log.warning(warning)
     settled = settle_pending(config, log)
     result = scan(config)
     out = {"new": len(result.paths), "unsettled": result.unsettled, "unchanged": result.unchanged,

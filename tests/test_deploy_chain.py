@@ -141,3 +141,15 @@ def test_makefile_takes_the_prefect_address_from_the_environment():
     assert "PREFECT_API_URL=http://scheduler.example:4300/api " in worker and "quipu-process" in worker
     server = subprocess.run(["make", "-n", "-s", "server"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
     assert "--port 4999" in server and "PREFECT_UI_API_URL=http://127.0.0.1:4999/api" in server
+
+
+def test_warnings_for_another_checkout_and_a_missing_watched_folder(tmp_path):
+    import quipu.flows.curate as curate_module
+    from quipu.flows.runners import checkout_warning
+    from quipu.flows.watch import WatchConfig, missing_locations
+    assert checkout_warning(curate_module.__file__) is None
+    assert "install the project in /elsewhere" in checkout_warning("/elsewhere/flows/curate.py")
+    (tmp_path / "here").mkdir()
+    cfg = WatchConfig(locations=[str(tmp_path / "here"), str(tmp_path / "not-there")])
+    (warning,) = missing_locations(cfg)
+    assert f"watched location {tmp_path / 'not-there'} does not exist" in warning
