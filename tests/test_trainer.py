@@ -123,6 +123,23 @@ def test_packed_attention_does_not_cross_documents():
     assert torch.allclose(m(packed, pos, seg)[:, :7], m(a), atol=1e-5)
 
 
+def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients():
+    torch.manual_seed(0)
+    m = Llama(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64))
+    x = torch.randint(0, 64, (2, 16))
+    calls = []
+    m.layers[0].input_layernorm.register_forward_hook(lambda *a: calls.append(1))   # early in the block: recomputation stops once it has what the backward needs
+    grads = []
+    for ac in (False, True):
+        m.activation_checkpointing = ac
+        m.zero_grad()
+        s, n = m(x, targets=x)
+        (s / n).backward()
+        grads.append([p.grad.clone() for p in m.parameters()])
+    assert calls == [1, 1, 1]          # plain: once; checkpointed: forward, then again in the backward
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
 def test_pack_masks_targets_and_resets_positions():
     window = np.array([5, 6, 7, 1, 8, 9, 2], dtype=np.int64)
     starts = np.array([0, 0, 0, 1, 0, 0, 1], dtype=np.int8)   # documents start at 3 and 6
