@@ -8,7 +8,10 @@ output files and markers follows the bytes read, not the number of files. Each u
 shards of about `shard_mb` of text (`extract/kept/<unit-key>-<part>.parquet`), one removed shard,
 and a quarantine file for what could not be read; its result accounts for every input file on its
 own (records read = documents + quarantined, per file). HTML extraction runs in a child process so a page that makes the parser hang
-or crash costs one document (`extract:timeout`), not the run.
+or crash costs one document (`extract:timeout`), not the run. A PDF (a `.pdf` file, a unit of its
+own, or a WARC/ARC `application/pdf` response) is read page by page in a child process of its own
+(quipu.tasks.pdf): text layer, OCR of scanned pages, running headers removed; its page counts go
+to the report's `stats.pdf` and its fields (`pdf_pages`, ...) to the document's metadata.
 """
 from __future__ import annotations
 

@@ -258,8 +258,10 @@ def test_pdf_files_and_warc_pdf_responses_through_extract(tmp_path):
     assert totals == {"kept": 3, "removed": {"extract:pdf:encrypted": 1}, "quarantine": ["empty file (0 bytes)"]}
 
 
+@pytest.mark.slow
 def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
-    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report."""
+    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report.
+    (Slow: a `quipu curate` subprocess, 60-100 s here under load; the PDF work in it is < 1 s.)"""
     from quipu.tasks.pipeline import STAGES
     from tests.conftest import run_quipu
     d = tmp_path / "in"
