@@ -61,17 +61,25 @@ def test_a_command_that_ignores_the_interrupt_still_ends_within_the_grace_time()
 def _start_curate(tmp_path: Path, env: dict, n_docs: int = 4000) -> tuple[subprocess.Popen, Path]:
     inp = write_jsonl(tmp_path / "in" / "a.jsonl", make_docs(n_docs, seed=4))
     out = tmp_path / "out"
+    # stderr to a file, not a pipe: nobody reads a pipe while the run works, and a full one blocks it
+    log = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(inp),
-                             "--output", str(out)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                             "--output", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
                             start_new_session=True)
+    proc.log = log
     return proc, out
+
+
+def _stderr(proc) -> str:
+    proc.log.seek(0)
+    return proc.log.read()
 
 
 def _wait_for_work(proc: subprocess.Popen, out: Path, timeout: float = 240) -> None:
     """Until the run holds its output lock (the flow has started its stages)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert proc.poll() is None, _stderr(proc)[-3000:]
         try:
             check_free(out)
         except OutputInUse:
@@ -99,7 +107,7 @@ def test_curate_ends_within_10_s_on_sigint_to_the_group_or_sigterm_to_the_pid(tm
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    err = proc.stderr.read()
+    err = _stderr(proc)
     assert rc == code, err[-3000:]
     assert time.monotonic() - t0 < END_WITHIN_S
     assert "Traceback" not in err, err[-3000:]
