@@ -164,7 +164,7 @@ def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) ->
 
 # Every config a command or deployment takes, by the name users call it (`quipu config show NAME`).
 CONFIG_MODELS = {
-    "curate": "quipu.flows.curate:CurateConfig",
+    "curate": "quipu.flows.curate_config:CurateConfig",
     "train": "quipu.trainer.train:TrainConfig",
     "quality": "quipu.trainer.quality_train:QualityTrainConfig",
     "ppl": "quipu.flows.ppl:PplConfig",

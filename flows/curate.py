@@ -15,20 +15,19 @@ from pathlib import Path
 from typing import Callable
 
 from prefect import flow, get_run_logger, task, unmapped
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from quipu.catalog import registry
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_file, write_json_atomic
-from quipu.catalog.names import check_name, name_from
+from quipu.catalog.names import name_from
 from quipu.catalog.ownership import claim, identity, output_lock, record_written
+from quipu.flows.curate_config import CurateConfig, CurateSettings, enabled_stages  # noqa: F401  (importers use this module)
 from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
 from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.run_names import curate_name
-from quipu.flows.runners import (RunnerConfig, checkout_warning, failed_run, flow_run_id, make_task_runner,
-                                 runner_matches)
+from quipu.flows.runners import checkout_warning, failed_run, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
 from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs
@@ -37,56 +36,6 @@ from quipu.tasks.pipeline import STAGES
 from quipu.tasks import readers
 from quipu.tasks.readers import expand_inputs
 from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
-
-
-class CurateSettings(BaseModel):
-    """What a curate run is besides its stages: inputs, output, dataset name, parallelism."""
-    model_config = ConfigDict(extra="forbid")
-    input: list[str] = Field(default_factory=list, description="paths, globs or fsspec URLs (.warc[.gz], .jsonl[.gz|.zst], .parquet)")
-    output: str = Field("runs/curate", description="run directory")
-    dataset: str | None = Field(None, description="catalog name of the curated dataset (default: the output directory's name); also names the dedup index")
-    workers: int = Field(2, ge=1, le=256, description="parallel shard tasks (threads)")
-    artifact_prefix: str = Field("curate", pattern=r"^[a-z0-9-]+$", description="prefix of the Prefect artifact keys")
-    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where shard tasks run: threads, or Dask (LocalCluster or a scheduler address)")
-    fuse: bool = Field(True, description="run consecutive per-document stages in one pass per shard (false: one pass per stage, each writing its kept rows)")
-    keep_intermediate: bool = Field(False, description="keep every stage's kept rows (<stage>/kept/) after the run; by default only curated/ holds the result")
-    keep_work_files: bool = Field(False, description="keep the global stages' work files (signatures, counts, plans) after the run")
-    extract: ExtractConfig = Field(default_factory=ExtractConfig)
-
-    @field_validator("dataset")
-    @classmethod
-    def _safe_dataset(cls, v):
-        return None if v is None else check_name(v, "dataset name")
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _one_or_many(cls, v):
-        return [v] if isinstance(v, str) else v
-
-    @field_validator("extract")
-    @classmethod
-    def _extract_on(cls, v: ExtractConfig):
-        if not v.enabled:
-            raise ValueError("the extract stage reads the inputs and cannot be switched off")
-        return v
-
-    def context(self, run_id: str | None = None) -> RunContext:
-        """The run as its stages see it: the output folder, the dataset (naming the dedup index)."""
-        return RunContext(run_dir=str(Path(self.output).resolve()), dataset=self.dataset, run_id=run_id)
-
-    def stage_ref(self, name: str, run_id: str | None = None) -> StageRef:
-        return StageRef(name, getattr(self, name), self.context(run_id))
-
-
-# One block per stage of the pipeline definition, named as the stage, then the curated output.
-CurateConfig = create_model(
-    "CurateConfig", __base__=CurateSettings, __doc__="One block per stage, named as the stage; every block has `enabled`.",
-    **{s.name: (s.Config, Field(default_factory=s.Config)) for s in STAGES},
-    curated=(OutputConfig, Field(default_factory=OutputConfig)))
-
-
-def enabled_stages(config: CurateSettings) -> list[str]:
-    return [s.name for s in STAGES if getattr(config, s.name).enabled]
 
 
 def preflight(config: CurateSettings) -> None:

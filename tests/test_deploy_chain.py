@@ -153,3 +153,15 @@ def test_warnings_for_another_checkout_and_a_missing_watched_folder(tmp_path):
     cfg = WatchConfig(locations=[str(tmp_path / "here"), str(tmp_path / "not-there")])
     (warning,) = missing_locations(cfg)
     assert f"watched location {tmp_path / 'not-there'} does not exist" in warning
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["config", "show", "curate"], ["curate", "--bogus"]])
+def test_quick_commands_import_neither_prefect_nor_torch(argv):
+    """`quipu --help`, `config show curate` and a failing argument check answer without importing
+    Prefect or torch (seconds each on this machine): bench/cli_startup.py has the timings."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom quipu.flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('prefect', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:] + out.stderr[-500:]
