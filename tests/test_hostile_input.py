@@ -464,16 +464,21 @@ def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
 
 
 def test_config_error_formats_a_large_value_from_a_bounded_prefix(tmp_path):
-    """Under the alias limit a value can still be large (here 18,000 nested values where a string
-    list is expected): the message shows a bounded prefix of it, and at most 11 lines."""
+    """Under the alias limit a value can still be large (here a 20,000-entry mapping where a list
+    of language codes is expected): the message shows a bounded prefix of it, in at most 11 lines."""
     from quipu.flows.config import ConfigError, load_config
     from quipu.flows.curate import CurateConfig
     path = tmp_path / "big.yaml"
-    path.write_text("langid:\n  languages: [" + ", ".join(["[[1, 2, 3], [4, 5, 6]]"] * 2_000) + "]\n")
+    path.write_text("langid:\n  languages: {" + ", ".join(f"k{i}: [{i}, {i}]" for i in range(20_000)) + "}\n")
     with pytest.raises(ConfigError) as e:
         load_config(CurateConfig, path)
     lines = str(e.value).splitlines()
     assert "langid.languages" in lines[0] and max(map(len, lines)) < 400 and len(lines) <= 11, lines
+    path.write_text("langid:\n  languages: [" + ", ".join(["[1, 2]"] * 2_000) + "]\n")   # 2,000 errors
+    with pytest.raises(ConfigError) as e:
+        load_config(CurateConfig, path)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 11 and lines[-1].endswith("... and 1,990 more errors"), lines[-2:]
 
 
 # ---- issue 32: hostile model files ---------------------------------------------------------------
@@ -605,3 +610,21 @@ def test_kenlm_model_is_first_loaded_in_a_child(tmp_path):
     cut.write_text(arpa.read_text()[:40])
     with pytest.raises(ModelFileError, match=rf"KenLM model {cut} cannot be loaded: "):
         check_kenlm(str(cut))
+
+
+def test_an_os_error_while_reading_costs_the_rest_of_that_file_only(tmp_path, monkeypatch):
+    """EIO, a file cut or made unreadable while read: the records before it stay, the rest of the
+    file is one quarantine row naming the error (the run goes on)."""
+    import quipu.tasks.readers as readers
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"".join(jline(i) for i in range(3)))
+    real = readers.read_jsonl
+
+    def failing(*args, **kwargs):
+        items = real(*args, **kwargs)
+        yield next(items)
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(readers, "read_jsonl", failing)
+    docs, quarantined = records(list(read(str(path), ReadStats())))
+    assert len(docs) == 1 and len(quarantined) == 1
+    assert quarantined[0].record == "after line 1" and quarantined[0].reason == "cannot read file: OSError: Input/output error"
