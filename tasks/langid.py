@@ -29,10 +29,10 @@ def default_model_path() -> str:
 class LangIdConfig(StageConfig):
     languages: list[str] = Field(default_factory=lambda: ["en", "es", "pt"], min_length=1,
                                  description="ISO 639-1 codes to keep")
-    min_score: PerLanguage(float) = Field(0.65, description="minimum fastText probability of the top label; "
+    min_score: PerLanguage(float, ge=0, le=1) = Field(0.65, description="minimum fastText probability of the top label; "
                                                              "per language: {default: 0.65, es: 0.84}")
     min_score_per_language: dict[str, float] = Field(default_factory=dict, description="older form of a per-language min_score (wins over it)")
-    max_rival_score: PerLanguage(float) = Field(
+    max_rival_score: PerLanguage(float, ge=0, le=1) = Field(
         0.11,
         description="also remove a document when a non-target language scores at least this much "
                     "(reason `lang_rival:<code>`): close relatives such as Galician, Catalan or "

@@ -67,8 +67,8 @@ _TABLE = _NormalisingTable()
 
 
 class LinesConfig(StageConfig):
-    max_line_count: PerLanguage(int) = Field(10, description="a line found in more documents than this (this run plus the index of earlier runs) is removed from all of them; per language: {default: 10, pt: 20} (by the document's lang)")
-    min_words_left: PerLanguage(int) = Field(20, description="a document with lines removed and fewer words left is removed (lines:too_short)")
+    max_line_count: PerLanguage(int, ge=1) = Field(10, description="a line found in more documents than this (this run plus the index of earlier runs) is removed from all of them; per language: {default: 10, pt: 20} (by the document's lang)")
+    min_words_left: PerLanguage(int, ge=0) = Field(20, description="a document with lines removed and fewer words left is removed (lines:too_short)")
     partition_rows: int = Field(20_000_000, ge=1000, description="line hashes the plan adds up at once (~36 bytes each, 0.7 GB at the default): bounds its memory")
     index: str | None = Field(None, description="name of the persistent line index (default: the curate `dataset`; neither: this run only)")
     backend: str = Field("file", pattern="^(file|none)$", description="file: counts persist between runs of the dataset; none: this run only")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar, Union
 
+from annotated_types import Interval
 from pydantic import BeforeValidator, ValidationError, WrapValidator
 
 T = TypeVar("T")
@@ -43,11 +44,16 @@ def _check_mapping(value: Any, kind: Any) -> Any:
 KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false"}
 
 
-def PerLanguage(kind: Any) -> Any:
-    """The config type of a per-language threshold of scalar type `kind` (e.g. `PerLanguage(float)`):
-    a `kind`, `off`/null, or `{default: kind, <lang>: kind | off, ...}`. A bad value gets one
+def PerLanguage(kind: Any, **bounds: float) -> Any:
+    """The config type of a per-language threshold of scalar type `kind` (e.g. `PerLanguage(float)`,
+    `PerLanguage(float, ge=0, le=1)`): a `kind` within `bounds`, `off`/null, or
+    `{default: kind, <lang>: kind | off, ...}`, each value within `bounds`. A bad value gets one
     message saying what was expected (not one per branch of the union)."""
     what = KIND_NAMES.get(kind, "a list like [[2, 0.2], [3, 0.18]]")
+    symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    if bounds:
+        what += " " + " and ".join(f"{symbols[op]} {bound}" for op, bound in bounds.items())
+        kind = Annotated[kind, Interval(**bounds)]
 
     def one_message(value, handler):
         try:
