@@ -434,6 +434,6 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
     if predictions_out:
         from quipu.catalog.files import write_bytes_atomic
         lines = "".join(json.dumps({"id": docs[i]["id"], "lang": docs[i]["lang"], "source": docs[i]["source"],
-                                    "teacher": round(truth[i], 5), "student": round(pred[i], 5)}) + "\n" for i in keep)
+                                    "teacher": float(truth[i]), "student": float(pred[i])}) + "\n" for i in keep)
         write_bytes_atomic(predictions_out, lines.encode())
     return result

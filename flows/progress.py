@@ -32,7 +32,7 @@ def say(message: str) -> None:
     if quiet():
         return
     from quipu.catalog.errors import printable
-    message = printable(message)
+    message = "\n".join(printable(line) for line in message.split("\n"))   # a table keeps its lines
     logger, deployed = _run_logger()
     if logger is not None:
         logger.info(message)

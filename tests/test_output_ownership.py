@@ -101,7 +101,7 @@ def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
     a, b = _inputs(tmp_path, "a", 1), _inputs(tmp_path, "b", 2)
     bad = tmp_path / "in" / "bad.jsonl"
     bad.write_text('{"id": "x", "text": "cut\n')                   # one quarantined line in run A
-    out = tmp_path / "out"
+    out = tmp_path / "one-output"    # a name of its own: the session catalog holds other tests' `out`
     start_prefect_server()
     first = subprocess.Popen([sys.executable, "-m", "quipu.flows.cli", "curate", CONFIG, *LIGHT, "--input", str(a),
                               "--input", str(bad), "--output", str(out)], cwd=ROOT,
@@ -122,7 +122,7 @@ def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
     run_a = json.loads((out / "run.json").read_text())
     assert run_a["quarantined"] == 1 and {Path(p).name for p in run_a["inputs"]} == {"a.jsonl", "bad.jsonl"}
     from quipu.catalog import registry
-    assert registry.get_dataset("out/quarantine", "quarantine")["run_id"] == run_a["run_id"]
+    assert registry.get_dataset("one-output/quarantine", "quarantine")["run_id"] == run_a["run_id"]
     parts_a = {p.name: p.read_bytes() for p in (out / "curated").glob("part-*.parquet")}
     assert parts_a
 
@@ -140,8 +140,8 @@ def test_concurrent_and_later_runs_into_one_output(tmp_path, prefect_server):
     ids = set(pq.read_table(out / "curated", columns=["id"]).column("id").to_pylist())
     assert ids and all(i.startswith("doc-2-") for i in ids)
     # the catalog no longer lists the quarantine the overwritten run left (its files are gone)
-    assert registry.get_dataset("out/quarantine", "quarantine") is None
-    assert registry.get_dataset("out", "curated")["run_id"] == run_b["run_id"]
+    assert registry.get_dataset("one-output/quarantine", "quarantine") is None
+    assert registry.get_dataset("one-output", "curated")["run_id"] == run_b["run_id"]
 
 
 @pytest.mark.slow

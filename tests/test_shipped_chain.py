@@ -40,7 +40,7 @@ def _drop(shared_data: Path, folder: Path, name: str, start: int, n: int) -> Pat
     return folder / name
 
 
-def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared_data, tmp_path):
+def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared_data, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
@@ -48,6 +48,9 @@ def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared
     from quipu.catalog import registry
     from quipu.flows.watch import WatchConfig, watch
 
+    # a new user's catalog: the session's holds other tests' `crawl` datasets, and the shipped watcher
+    # and blend name that dataset (the deploy, the worker and the watcher here all read QUIPU_HOME)
+    monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "quipu-home"))
     raw, train_dir = tmp_path / "raw", tmp_path / "train"
     overrides = [f"watch.locations=[{raw}]", f"watch.output_root={tmp_path / 'incremental'}", "watch.settle_s=1",
                  f"curate.output={tmp_path / 'curate'}", f"tokenize-train.output={train_dir}",

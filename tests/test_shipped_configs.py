@@ -161,7 +161,9 @@ def run_quality(world: World, config: str) -> None:
         assert removed, "the curate run kept no removed documents"
         args += ["--set", f"positive=[{{path: '{kept}'}}]",
                  "--set", "negative=[" + ", ".join(f"{{path: '{p}'}}" for p in removed) + "]"]
-    assert _main(*args, "--set", "fasttext.epoch=1", "--set", "min_per_class=2") == 0
+    # the config's own epochs: a one-epoch model on this tiny corpus scores every text alike, which
+    # the quality model's pre-check rightly refuses
+    assert _main(*args, "--set", "min_per_class=2") == 0
 
 
 def run_kenlm(world: World, config: str) -> None:
