@@ -644,8 +644,8 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
     import pyarrow.parquet as pq
 
     problem = parquet_footer_problem(path)
-    if problem:   # one reason family for every parquet file that cannot be read
-        yield Quarantined(path, "file", f"unreadable parquet: {problem}")
+    if problem:
+        yield Quarantined(path, "file", problem)
         return
     try:
         fh = fsspec.open(path, "rb").open()
