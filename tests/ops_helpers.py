@@ -91,6 +91,12 @@ class PrefectServer:
         stop(self.proc)
 
 
+def _worker_environ() -> dict:
+    """This process's environment as `make worker` would have it: without QUIPU_VERBOSITY, which an
+    in-process `quipu` call of an earlier test leaves set (a worker's runs then echo every line)."""
+    return {k: v for k, v in os.environ.items() if k != "QUIPU_VERBOSITY"}
+
+
 class Worker:
     """A process worker; started with SIGINT restored (a background process inherits it ignored)."""
 
@@ -100,7 +106,7 @@ class Worker:
             ["env", "--default-signal=INT", sys.executable, "-m", "prefect", "worker", "start",
              "--pool", pool, "--type", "process"],
             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "1",
+            env={**_worker_environ(), "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "1",
                  "PREFECT_WORKER_PREFETCH_SECONDS": "5", **(env or {})})
 
     def stop(self) -> None:

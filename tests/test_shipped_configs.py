@@ -88,6 +88,10 @@ def world(prefect_server, tmp_path_factory) -> World:
     from quipu.demo.corpus import build_demo_corpus
     from tests.test_perplexity import build_tiny_teacher
     w = World(tmp_path_factory.mktemp("shipped"))
+    # a catalog of its own: the train configs blend "demo" and "crawl", which other tests of the
+    # session register with other languages
+    home = pytest.MonkeyPatch()
+    home.setenv("QUIPU_HOME", str(w.tmp / "quipu-home"))
     raw = w.tmp / "raw"
     build_demo_corpus(w.tmp / "corpus", scale=0.05)
     shutil.copytree(w.tmp / "corpus" / "raw", raw)
@@ -109,7 +113,7 @@ def world(prefect_server, tmp_path_factory) -> World:
     rows = [r for p in w.curated for r in pq.read_table(p, columns=["id", "text", "lang"]).to_pylist()]
     w.jsonl = w.tmp / "curated.jsonl"
     w.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # the datasets the train configs blend ("demo", "crawl"), if no other test registered them
+    # the datasets the train configs blend ("demo", "crawl")
     blend = w.tmp / "blend"
     blend.mkdir()
     pq.write_table(pa.Table.from_pylist(blend_docs(12)), blend / "part-00000.parquet")
@@ -122,7 +126,8 @@ def world(prefect_server, tmp_path_factory) -> World:
     # a 2-layer teacher in place of SmolLM2-135M (its load alone is a minute here): the ppl configs'
     # students, heads and training as shipped; the real teacher has its own tests in test_perplexity.py
     w.teacher = build_tiny_teacher(w.tmp / "tiny-teacher")
-    return w
+    yield w
+    home.undo()
 
 
 # ---- one runner per kind of config ---------------------------------------------------------------
