@@ -91,10 +91,14 @@ class PrefectServer:
         stop(self.proc)
 
 
+# What an in-process `quipu` call of an earlier test leaves in os.environ (flows/cli.py,
+# flows/progress.py): a worker's runs would echo every line, or log to the console at WARNING only.
+CLI_ENVIRON = ("QUIPU_VERBOSITY", "PREFECT_LOGGING_SETTINGS_PATH")
+
+
 def _worker_environ() -> dict:
-    """This process's environment as `make worker` would have it: without QUIPU_VERBOSITY, which an
-    in-process `quipu` call of an earlier test leaves set (a worker's runs then echo every line)."""
-    return {k: v for k, v in os.environ.items() if k != "QUIPU_VERBOSITY"}
+    """This process's environment as `make worker` would have it: without what the CLI set."""
+    return {k: v for k, v in os.environ.items() if k not in CLI_ENVIRON}
 
 
 class Worker:
