@@ -57,7 +57,7 @@ def write_shards(rows: list[dict], folder: Path, n: int = 4):
 
 
 def throughput(rows: list[dict], work: Path) -> list[dict]:
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.pipeline import stage_class
     shards = write_shards(rows, work / "in")
     out = []
@@ -278,7 +278,7 @@ def lines_check(web_rows: list[dict], constructed: list[dict], work: Path, max_l
     (different) sites repeats often enough to go, so the check is also run with `max_line_count` 2
     or 1: every line seen in more than 2 (or 1) documents is removed, the boilerplate the sites
     share ("Advertisement", "Share this") goes and the F1 says whether article text went with it."""
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.lines import LinesConfig
     rows = web_rows + constructed
     shards = write_shards([{k: r.get(k) for k in ("id", "text", "source", "url")} for r in rows], work / f"lines-in-{max_line_count}", n=2)

@@ -167,7 +167,7 @@ def memory_child(folder: str, n: int) -> None:
     JSON with its peak RSS (the process only imports and reads shards besides)."""
     from quipu.catalog.files import sha256_file
     from quipu.tasks.dedup import DedupConfig
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.stage import Shard
 
     paths = sorted(Path(folder).glob("s*.parquet"))[:n // SHARD_DOCS]

@@ -19,7 +19,7 @@ exists; peak RSS is the child's VmHWM, reset after start-up, plus the peak sum o
 tree; CPU seconds from getrusage):
 1. plain datasketch on the first N documents for each N of `--plain-docs`: per document `MinHash.update_batch` of
    its word 5-grams and `MinHashLSH(threshold=0.8)` query, then insert when nothing was found;
-2. the dedup stage alone (`driver.run_local`, 2 threads, file index) on the same documents, and on
+2. the dedup stage alone (`pipeline.run_local`, 2 threads, file index) on the same documents, and on
    every size;
 3. the curate flow (`quipu.flows.curate`, thread runner, 2 workers: extract + dedup, every other
    stage off) on every size;
@@ -358,7 +358,7 @@ def child_dedup(shards: list[dict], work: Path, threads: int) -> dict:
     import pyarrow.parquet as pq
 
     from quipu.tasks.dedup import DedupConfig
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.stage import Shard
     pool = ThreadPoolExecutor(threads)
     cfg = DedupConfig(index="million", index_dir=str(work / "index"))

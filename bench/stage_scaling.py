@@ -33,11 +33,11 @@ def run_pool(workers: int, shards, run_dir: Path) -> tuple[float, list[str], flo
     import pyarrow.parquet as pq
 
     from quipu.tasks import driver
-    from quipu.tasks.heuristics import HeuristicsConfig
-    from quipu.tasks.langid import LangIdConfig
+    from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+    from quipu.tasks.langid import LangIdConfig, LanguageId
     from quipu.tasks.stage import RunContext
     ctx = RunContext(str(run_dir.resolve()))
-    refs = [driver.StageRef("langid", LangIdConfig(), ctx), driver.StageRef("heuristics", HeuristicsConfig(), ctx)]
+    refs = [driver.StageRef(LanguageId, LangIdConfig(), ctx), driver.StageRef(HeuristicFilters, HeuristicsConfig(), ctx)]
     (segment,) = driver.segments(refs, fuse=True)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:

@@ -40,7 +40,7 @@ from quipu.flows.curate import (CurateConfig, PrefectPhases, aggregate_extract, 
 from quipu.flows.runners import flow_run_id
 from quipu.tasks import driver
 from quipu.tasks.extract import pack_inputs
-from quipu.tasks.pipeline import stage_names
+from quipu.tasks.pipeline import REMOVED_SCHEMA, stage_names, stage_ref
 from quipu.tasks.stage import RunContext, Shard
 from quipu.trainer.bpb import HeldoutConfig
 
@@ -241,7 +241,8 @@ class CurationTree:
     def _extract(self, cfg: CurateConfig):
         def run(node_dir: Path):
             units = pack_inputs(self.files, int(cfg.extract.pack_mb * 1e6))   # work units sized by data, as curate's
-            results = collect(extract_task.map(units, run_dir=unmapped(str(node_dir.resolve())), cfg=unmapped(cfg.extract)))
+            results = collect(extract_task.map(units, run_dir=unmapped(str(node_dir.resolve())), cfg=unmapped(cfg.extract),
+                                               removed_schema=unmapped(REMOVED_SCHEMA)))
             report = aggregate_extract(results)
             driver.write_report(str(node_dir), "extract", report)
             return [s for r in results for s in r.kept_shards], report
@@ -249,7 +250,7 @@ class CurationTree:
 
     def _stage(self, name: str, cfg: CurateConfig, shards: list[Shard]):
         def run(node_dir: Path):
-            ref = driver.StageRef(name, getattr(cfg, name), RunContext(str(node_dir.resolve()), None, self.run_id))
+            ref = stage_ref(name, getattr(cfg, name), RunContext(str(node_dir.resolve()), None, self.run_id))
             results, report = driver.run_stage(ref, [s for s in shards if s.rows > 0], PrefectPhases())
             if report["input_docs"] != sum(s.rows for s in shards):
                 raise AssertionError(f"{name}: read {report['input_docs']} documents, previous stage kept {sum(s.rows for s in shards)}")

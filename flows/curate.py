@@ -32,7 +32,7 @@ from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, aggregate, write_report
 from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs
 from quipu.tasks.output import OutputConfig, curated_marker, write_curated
-from quipu.tasks.pipeline import STAGES
+from quipu.tasks.pipeline import REMOVED_SCHEMA, STAGES
 from quipu.tasks import readers
 from quipu.tasks.readers import expand_inputs
 from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
@@ -56,8 +56,8 @@ def _unit_run_name() -> str:
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(items: list[Input], run_dir: str, cfg: ExtractConfig) -> ExtractResult:
-    return extract_unit(items, run_dir, cfg)
+def extract_task(items: list[Input], run_dir: str, cfg: ExtractConfig, removed_schema=None) -> ExtractResult:
+    return extract_unit(items, run_dir, cfg, removed_schema)
 
 
 @task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
@@ -299,7 +299,8 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     units = pack_inputs(files, int(config.extract.pack_mb * 1e6))
     say(f"curating {len(files)} input files ({len(units)} work units) into {rd}: extract, {', '.join(stages)}")
     progress.start(["extract"], len(units))
-    results = collect(extract_task.map(units, run_dir=unmapped(rd), cfg=unmapped(config.extract)), progress.shard_done)
+    results = collect(extract_task.map(units, run_dir=unmapped(rd), cfg=unmapped(config.extract),
+                                       removed_schema=unmapped(REMOVED_SCHEMA)), progress.shard_done)
     report = aggregate_extract(results)
     progress.finish("extract", report)
     write_report(rd, "extract", report)

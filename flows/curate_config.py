@@ -12,7 +12,7 @@ from quipu.flows.runners import RunnerConfig
 from quipu.tasks.driver import StageRef
 from quipu.tasks.extract import ExtractConfig
 from quipu.tasks.output import OutputConfig
-from quipu.tasks.pipeline import STAGES
+from quipu.tasks.pipeline import REMOVED_SCHEMA, STAGES, stage_ref
 from quipu.tasks.stage import RunContext
 
 
@@ -49,10 +49,11 @@ class CurateSettings(BaseModel):
 
     def context(self, run_id: str | None = None) -> RunContext:
         """The run as its stages see it: the output folder, the dataset (naming the dedup index)."""
-        return RunContext(run_dir=str(Path(self.output).resolve()), dataset=self.dataset, run_id=run_id)
+        return RunContext(run_dir=str(Path(self.output).resolve()), dataset=self.dataset, run_id=run_id,
+                          removed_schema=REMOVED_SCHEMA)
 
     def stage_ref(self, name: str, run_id: str | None = None) -> StageRef:
-        return StageRef(name, getattr(self, name), self.context(run_id))
+        return stage_ref(name, getattr(self, name), self.context(run_id))
 
 
 # One block per stage of the pipeline definition, named as the stage, then the curated output.

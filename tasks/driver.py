@@ -9,10 +9,12 @@ through a segment's stages in batches, writes each stage's `removed/` and the se
 rerun skip the shard. `run_segment` runs every phase of the contract in order; its `phases`
 argument decides where the per-shard work runs: `InProcess` (tests, benchmarks, notebooks) or the
 curate flow's Prefect tasks, which call the same functions below. `run_stage` runs one stage
-alone (its kept rows written), `run_local` does so in this process.
+alone (its kept rows written).
 
-A stage is named by a `StageRef` (name, config, run context): small and picklable, so a task on
-another process or machine builds its own stage object (models are cached per process).
+A stage is named by a `StageRef` (its class, config and run context): small and picklable, so a
+task on another process or machine builds its own stage object (models are cached per process).
+The driver knows no stage list: what runs is what it is given (quipu.tasks.pipeline lists the
+curate pipeline's stages and the removed-rows schema they share, `RunContext.removed_schema`).
 """
 from __future__ import annotations
 
@@ -34,14 +36,18 @@ EXAMPLES_PER_REASON = 3
 
 @dataclass(frozen=True)
 class StageRef:
-    """A stage by name, config and run: what tasks pass each other instead of a stage object."""
-    name: str
+    """A stage by class, config and run: what tasks pass each other instead of a stage object (the
+    class pickles by its import path)."""
+    stage: type[Stage]
     config: StageConfig
     context: RunContext
 
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
     def build(self) -> Stage:
-        from quipu.tasks.pipeline import stage_class
-        return stage_class(self.name)(self.config, self.context)
+        return self.stage(self.config, self.context)
 
 
 @dataclass
@@ -180,9 +186,9 @@ class _StageTally:
     def __init__(self, stage: Stage, shard: Shard, write_kept: bool):
         layout = stage.layout
         self.stage = stage
-        from quipu.tasks.pipeline import REMOVED_SCHEMA   # every stage's removed/ shares one schema
         self.kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet") if write_kept else None
-        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet", REMOVED_SCHEMA)
+        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet",
+                                     stage.context.removed_rows_schema(stage.columns))
         self.counts: dict[str, int] = {}
         self.examples: dict[str, list[dict]] = {}
         self.stats: dict[str, Any] = {}
@@ -498,10 +504,3 @@ def release_work_files(context: RunContext, stages: list[str], keep_intermediate
                     freed["bytes"] += f.stat().st_size
             shutil.rmtree(d)
     return freed
-
-
-def run_local(name: str, config: StageConfig, shards: list[Shard], run_dir: str | Path,
-              dataset: str | None = None, map_fn: Callable | None = None) -> tuple[list[ShardResult], dict]:
-    """One stage of the pipeline over `shards`, in this process: tests, benchmarks, notebooks."""
-    ref = StageRef(name, config, RunContext(str(Path(run_dir).resolve()), dataset))
-    return run_stage(ref, shards, InProcess(map_fn))

@@ -258,15 +258,14 @@ class _Outputs:
     """Where one file's documents go: kept rows into rolling shards of about `shard_mb`, removed rows
     into one shard, both written in batches of `batch_rows`, with the counts of the report."""
 
-    def __init__(self, layout, key: str, cfg: ExtractConfig):
+    def __init__(self, layout, key: str, cfg: ExtractConfig, removed_schema: pa.Schema):
         self.layout, self.key, self.cfg = layout, key, cfg
         self.shard_bytes = int(cfg.shard_mb * 1e6)
         self.kept_shards: list[Shard] = []
         self.kept_w: ShardWriter | None = None
         self.kept_bytes = 0
-        from quipu.tasks.pipeline import REMOVED_SCHEMA   # every stage's removed/ shares one schema
-        self.removed_schema = REMOVED_SCHEMA
-        self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", REMOVED_SCHEMA)
+        self.removed_schema = removed_schema
+        self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", removed_schema)
         self.kept_rows: list[dict] = []
         self.removed_rows: list[dict] = []
         self.counts: dict[str, int] = {}
@@ -359,9 +358,10 @@ def unit_key(items: list[Input]) -> str:
     return f"{file_key(items[0])}-pack{len(items)}-{digest}"
 
 
-def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
+def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig,
+                 removed_schema: pa.Schema | None = None) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
-    return extract_unit([path], run_dir, cfg)
+    return extract_unit([path], run_dir, cfg, removed_schema)
 
 
 def _input_sha(item: Input) -> str:
@@ -380,10 +380,12 @@ def _input_label(item: Input) -> str:
     return f"{item.path} [{item.describe()}]" if isinstance(item, readers.FileSlice) else item
 
 
-def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) -> ExtractResult:
+def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
+                 removed_schema: pa.Schema | None = None) -> ExtractResult:
     """Extract a work unit (input files, or one part of a large file, read in order) into kept
-    shards, a removed shard and a quarantine file, with each file's own account."""
-    run = RunContext(str(run_dir))
+    shards, a removed shard and a quarantine file, with each file's own account. Removed rows are
+    written in `removed_schema` (the run's, which every stage's removed/ shares; None: extract's own)."""
+    run = RunContext(str(run_dir), removed_schema=removed_schema)
     layout = run.layout(STAGE)
     key = unit_key(items)
     marker = layout.markers / f"{key}.json"
@@ -404,7 +406,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig) ->
     skipped: dict[str, int] = {}
     pdf_stats: dict = {}
     files: list[FileAccount] = []
-    out = _Outputs(layout, key, cfg)
+    out = _Outputs(layout, key, cfg, run.removed_rows_schema())
     try:
         for unit_item, sha in zip(items, shas):
             path, part = input_path(unit_item), (unit_item if isinstance(unit_item, readers.FileSlice) else None)

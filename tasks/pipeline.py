@@ -1,9 +1,15 @@
 """The pipeline definition: every stage after extract, in the order documents flow through them.
 
 A stage's config block in the curate config is named as the stage (`Stage.name`) and typed by its
-`Stage.Config`, so adding a stage is adding its class here.
+`Stage.Config`, so adding a stage is adding its class here. This is the one list of stages: the
+driver runs whatever `StageRef`s it is given, and nothing in tasks/, trainer/ or catalog/ imports
+this module (flows and tests do).
 """
 from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
 
 from quipu.tasks.bad_words import BadWordsFilter
 from quipu.tasks.decontam import Decontaminate
@@ -15,7 +21,8 @@ from quipu.tasks.perplexity import PerplexityStage
 from quipu.tasks.pii import PiiRedaction
 from quipu.tasks.quality import QualityFilter
 from quipu.tasks.schema import removed_schema
-from quipu.tasks.stage import Stage
+from quipu.tasks.driver import InProcess, StageRef, run_stage
+from quipu.tasks.stage import RunContext, Shard, ShardResult, Stage, StageConfig
 from quipu.tasks.terminal_punct import TerminalPunctFilter
 from quipu.tasks.urls import UrlFilter
 
@@ -34,6 +41,7 @@ STAGES: list[type[Stage]] = [
 ]
 
 
+# every stage's removed/ rows (and extract's) in a run of this pipeline share one schema
 REMOVED_SCHEMA = removed_schema(list({f.name: f for s in STAGES for f in s.columns}.values()))
 
 
@@ -46,3 +54,15 @@ def stage_class(name: str) -> type[Stage]:
         if s.name == name:
             return s
     raise KeyError(f"no stage named {name!r} (stages: {', '.join(stage_names())})")
+
+
+def stage_ref(name: str, config: StageConfig, context: RunContext) -> StageRef:
+    """The pipeline's stage `name` in a run (its removed rows in the pipeline's one schema)."""
+    return StageRef(stage_class(name), config, replace(context, removed_schema=REMOVED_SCHEMA))
+
+
+def run_local(name: str, config: StageConfig, shards: list[Shard], run_dir: str | Path,
+              dataset: str | None = None, map_fn: Callable | None = None) -> tuple[list[ShardResult], dict]:
+    """One stage of the pipeline over `shards`, in this process: tests, benchmarks, notebooks."""
+    ref = stage_ref(name, config, RunContext(str(Path(run_dir).resolve()), dataset))
+    return run_stage(ref, shards, InProcess(map_fn))

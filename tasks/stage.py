@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.catalog.files import atomic_path, sha256_file, with_path
-from quipu.tasks.schema import with_reason
+from quipu.tasks.schema import removed_schema, with_reason
 
 QUIPU_VERSION = "0.1.0"
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=True)
@@ -95,6 +95,13 @@ class RunContext:
     run_dir: str                    # absolute path of the run folder
     dataset: str | None = None      # catalog name of the curated dataset: names the dedup index
     run_id: str | None = None       # catalog run id (e.g. benchmark versions are recorded under it)
+    # the one schema of every stage's removed/ rows in this run (the pipeline's: every column any of
+    # its stages adds); None: a stage run on its own writes its own columns
+    removed_schema: pa.Schema | None = None
+
+    def removed_rows_schema(self, columns: tuple[pa.Field, ...] = ()) -> pa.Schema:
+        """The schema a stage adding `columns` writes its removed rows in, in this run."""
+        return self.removed_schema if self.removed_schema is not None else removed_schema(list(columns))
 
     def layout(self, stage: str) -> "StageLayout":
         return StageLayout(Path(self.run_dir) / stage)
@@ -167,7 +174,7 @@ class Stage:
     name: ClassVar[str]
     Config: ClassVar[type[StageConfig]]
     # every column the stage adds to its rows (kept or removed): declared, so that all removed/
-    # shards of a run share one schema (quipu.tasks.pipeline.REMOVED_SCHEMA)
+    # shards of a run share one schema (`RunContext.removed_schema`)
     columns: ClassVar[tuple[pa.Field, ...]] = ()
 
     def __init__(self, config: StageConfig, context: RunContext | None = None):

@@ -324,7 +324,7 @@ def test_curated_rows_get_domain_and_tld(tmp_path):
 
 
 def test_stage_report_has_top_domains_kept_and_removed(tmp_path):
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.stage import Shard
     from quipu.tasks.urls import UrlsConfig
     block = tmp_path / "block.txt"

@@ -73,7 +73,7 @@ def test_scalar_configs_build_the_same_datatrove_filters():
 
 def test_lines_limit_per_language_and_decisions_per_language_in_the_report(tmp_path):
     """Each boilerplate line is in 24 documents: above es's limit (10), below pt's (30)."""
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.lines import LinesConfig
     from tests.test_cleaning_stages import BOILER, _shards, _site_docs
     docs = _site_docs(24, 4, "mixed.example.org")

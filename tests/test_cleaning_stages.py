@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from quipu.tasks.bad_words import BadWordsConfig, BadWordsFilter
-from quipu.tasks.driver import run_local
+from quipu.tasks.pipeline import run_local
 from quipu.tasks.lines import LinesConfig, line_hashes
 from quipu.tasks.pii import PiiConfig, PiiRedaction, cpf_valid, mask
 from quipu.tasks.stage import RunContext, write_table

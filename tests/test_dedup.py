@@ -19,7 +19,7 @@ import pytest
 
 from quipu.tasks.dedup import DedupConfig, index_name, open_index
 from quipu.tasks.minhash import MinHasher, words
-from quipu.tasks.driver import run_local
+from quipu.tasks.pipeline import run_local
 from quipu.tasks.dedup_index import IndexMismatch
 from quipu.tasks.stage import RunContext, Shard, write_table
 from tests.conftest import ROOT, require_binary, run_quipu
@@ -357,7 +357,7 @@ def test_two_runs_equal_one_run(tmp_path, ab_rows, single_run, backend, request)
 CRASH_SCRIPT = """
 import json, sys
 from quipu.tasks.dedup import DedupConfig
-from quipu.tasks.driver import run_local
+from quipu.tasks.pipeline import run_local
 from quipu.tasks.stage import Shard
 cfg = DedupConfig.model_validate(json.loads(sys.argv[1]))
 run_local("dedup", cfg, [Shard(**s) for s in json.loads(sys.argv[2])], sys.argv[3])

@@ -18,7 +18,7 @@ from quipu.tasks import driver
 from quipu.tasks.driver import InProcess, StageRef, run_pipeline
 from quipu.tasks.extract import ExtractConfig, extract_unit, pack_inputs
 from quipu.tasks.output import OutputConfig, write_curated
-from quipu.tasks.pipeline import stage_class
+from quipu.tasks.pipeline import stage_class, stage_ref
 from quipu.tasks.stage import RunContext
 
 TEXT_FILES = ("en_nltk_abc_news.jsonl", "es_nltk_conll2002_efe_news.jsonl", "pt_fakebr_news.jsonl",
@@ -47,7 +47,7 @@ def extracted(shared_data, tmp_path_factory) -> tuple[Path, list]:
 
 def refs_for(run_dir: Path, **changes) -> list[StageRef]:
     ctx = RunContext(str(run_dir.resolve()))
-    return [StageRef(name, stage_class(name).Config(**{**cfg, **changes.get(name, {})}), ctx)
+    return [stage_ref(name, stage_class(name).Config(**{**cfg, **changes.get(name, {})}), ctx)
             for name, cfg in PIPELINE.items()]
 
 

@@ -237,7 +237,8 @@ def test_gzip_bomb_stops_with_bounded_memory(tmp_path):
     _gzip_of_zeros(path, 3)   # ~3 MB expanding to 3 GiB, no newline
     out = run_child(f"""
 from quipu.tasks.extract import ExtractConfig, extract_file
-r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
+from quipu.tasks.pipeline import REMOVED_SCHEMA
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig(), REMOVED_SCHEMA).model_dump()
 out = {{k: r[k] for k in ('records_read', 'input_docs', 'quarantined', 'quarantine_by_reason')}}
 """)
     assert out["rss_mb"] < RSS_BOUND_MB, out
@@ -299,7 +300,8 @@ def test_removed_large_documents_keep_only_a_prefix(tmp_path):
         fh.write(json.dumps({"id": "ok", "text": TEXT}) + "\n")
     out = run_child(f"""
 from quipu.tasks.extract import ExtractConfig, extract_file
-r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig()).model_dump()
+from quipu.tasks.pipeline import REMOVED_SCHEMA
+r = extract_file({str(path)!r}, {str(tmp_path / 'out')!r}, ExtractConfig(), REMOVED_SCHEMA).model_dump()
 out = {{'removed': r['removed']['path'], 'kept': r['kept_docs'], 'by_reason': r['removed_by_reason'], 'read': r['records_read']}}
 """)
     assert out["rss_mb"] < RSS_BOUND_MB, out

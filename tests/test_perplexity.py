@@ -517,7 +517,7 @@ def _shard(tmp_path, texts, langs):
 
 
 def test_stage_adds_ppl_and_never_filters_by_default(tmp_path, tiny_student):
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.perplexity import PerplexityConfig
     texts, _ = noisy_texts(30, seed=5)
     shard = _shard(tmp_path, texts, ["en"] * 30)
@@ -532,7 +532,7 @@ def test_stage_adds_ppl_and_never_filters_by_default(tmp_path, tiny_student):
 
 
 def test_buckets_by_percentile_and_tail_removal(tmp_path, tiny_student):
-    from quipu.tasks.driver import run_local
+    from quipu.tasks.pipeline import run_local
     from quipu.tasks.perplexity import PerplexityConfig
     texts, _ = noisy_texts(40, seed=6)
     langs = ["en"] * 20 + ["es"] * 20

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quipu.tasks.driver import run_local
+from quipu.tasks.pipeline import run_local
 from quipu.tasks.stage import write_table
 from quipu.tasks.terminal_punct import TerminalPunctConfig, terminal_punct_ratio
 from tests.conftest import ROOT, run_quipu
