@@ -7,7 +7,7 @@ compare bits per byte on held-out text the curation never saw.
                          │                                        └─ dedup ─ ... variant `full`
                          └────────────────────────────────────────────── variant `raw`
 
-Curation runs the curate flow's own phases (`flows.curate`: extract task, `driver.run_stage` with
+Curation runs the curate flow's own phases (`flows.curate`: `extract.run_extract` and `driver.run_stage` with
 the Prefect phases, `write_curated`) over a tree: a stage whose whole prefix (extract config, then
 each earlier stage and its config) is the same in two variants runs once and both continue from
 its output. Each node has its own folder and no catalog dataset, so persistent indexes (dedup,
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.catalog import registry
@@ -35,11 +35,10 @@ from quipu.catalog.names import check_name
 from quipu.catalog.ownership import claim, identity, output_lock, record_written
 from quipu.demo.ablate_mix import RawMixConfig, ensure_mix
 from quipu.flows.config import ConfigError, apply_overrides, format_validation_error, read_yaml
-from quipu.flows.curate import (CurateConfig, PrefectPhases, aggregate_extract, collect, enabled_stages,
-                                extract_task, write_curated_task)
+from quipu.flows.curate import CurateConfig, PrefectPhases, enabled_stages, write_curated_task
 from quipu.flows.runners import flow_run_id
 from quipu.tasks import driver
-from quipu.tasks.extract import pack_inputs
+from quipu.tasks.extract import pack_inputs, run_extract
 from quipu.tasks.pipeline import REMOVED_SCHEMA, stage_names, stage_ref
 from quipu.tasks.stage import RunContext, Shard
 from quipu.trainer.bpb import HeldoutConfig
@@ -241,10 +240,8 @@ class CurationTree:
     def _extract(self, cfg: CurateConfig):
         def run(node_dir: Path):
             units = pack_inputs(self.files, int(cfg.extract.pack_mb * 1e6))   # work units sized by data, as curate's
-            results = collect(extract_task.map(units, run_dir=unmapped(str(node_dir.resolve())), cfg=unmapped(cfg.extract),
-                                               removed_schema=unmapped(REMOVED_SCHEMA)))
-            report = aggregate_extract(results)
-            driver.write_report(str(node_dir), "extract", report)
+            run = RunContext(str(node_dir.resolve()), removed_schema=REMOVED_SCHEMA)
+            results, report = run_extract(units, run, cfg.extract, PrefectPhases().extract)
             return [s for r in results for s in r.kept_shards], report
         return run
 

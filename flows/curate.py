@@ -29,10 +29,10 @@ from quipu.flows.reports import RunProgress, publish_artifacts
 from quipu.flows.run_names import curate_name
 from quipu.flows.runners import checkout_warning, failed_run, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
-from quipu.tasks.driver import StageRef, aggregate, write_report
-from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs
+from quipu.tasks.driver import StageRef, write_report
+from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs, run_extract
 from quipu.tasks.output import OutputConfig, curated_marker, write_curated
-from quipu.tasks.pipeline import REMOVED_SCHEMA, STAGES
+from quipu.tasks.pipeline import STAGES
 from quipu.tasks import readers
 from quipu.tasks.readers import expand_inputs
 from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
@@ -56,8 +56,8 @@ def _unit_run_name() -> str:
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(items: list[Input], run_dir: str, cfg: ExtractConfig, removed_schema=None) -> ExtractResult:
-    return extract_unit(items, run_dir, cfg, removed_schema)
+def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult:
+    return extract_unit(items, run.run_dir, cfg, run.removed_schema)
 
 
 @task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
@@ -96,7 +96,12 @@ def write_curated_task(shards: list[Shard], out_dir: str, cfg: OutputConfig) -> 
 
 
 class PrefectPhases:
-    """`driver.run_segment`'s per-shard phases as Prefect tasks (the UI shows them shard by shard)."""
+    """`driver.run_segment`'s per-shard phases, and extract's units (`extract.run_extract`), as
+    Prefect tasks (the UI shows them shard by shard)."""
+
+    def extract(self, units: list[list[Input]], run: RunContext, cfg: ExtractConfig,
+                on_result: Callable[[ExtractResult], object]) -> list[ExtractResult]:
+        return collect(extract_task.map(units, run=unmapped(run), cfg=unmapped(cfg)), on_result)
 
     def scan(self, ref: StageRef, shards: list[Shard]) -> list[driver.Scan]:
         return collect(scan_task.map(ref=unmapped(ref), shard=shards))
@@ -127,7 +132,7 @@ def collect(futures, on_result: Callable[[object], object] | None = None) -> lis
     return results
 
 
-class Progress(driver.Progress):
+class CurateProgress(driver.Progress):
     """One curate run's progress: the UI's progress artifact and the terminal's lines. The driver
     calls `start` per segment of fused stages, `shard_done` per stage and shard (extract's units
     too), `finish` per stage: the one place a shard's completion is known. A segment shows one live
@@ -146,32 +151,13 @@ class Progress(driver.Progress):
             self.stages[name] = StageProgress(name, 1, None)
             self.stages[name].shards = shards
 
-    def shard_done(self, result: ShardResult | ExtractResult) -> None:
+    def shard_done(self, result: ShardResult) -> None:
         stage = self.stages[result.stage]
         stage.advance(result.input_docs, result.skipped)
         self.artifact.update(result.stage, stage.done_shards / max(1, stage.shards))
 
     def finish(self, stage: str, report: dict) -> None:
         self.stages[stage].finish(report["kept_docs"], report["removed_docs"], report["seconds"])
-
-
-def aggregate_extract(results: list[ExtractResult]) -> dict:
-    report = aggregate("extract", results)
-    report["records_read"] = sum(r.records_read for r in results)
-    report["quarantined"] = sum(r.quarantined for r in results)
-    q: dict[str, int] = {}
-    for r in results:
-        for k, n in r.quarantine_by_reason.items():
-            q[k] = q.get(k, 0) + n
-    report["quarantine_by_reason"] = dict(sorted(q.items(), key=lambda kv: -kv[1]))
-    report["files"] = [{"source": f.source, "part": f.part, "unit": r.shard, "records_read": f.records_read, "documents": f.documents,
-                        "kept": f.kept, "quarantined": f.quarantined, "skipped_records": f.skipped_records}
-                       for r in results for f in r.files]
-    if report["input_docs"] + report["quarantined"] != report["records_read"]:
-        raise AssertionError("extract: documents + quarantined != records read")
-    if sum(f["records_read"] for f in report["files"]) != report["records_read"]:
-        raise AssertionError("extract: the files' records do not add up to the units'")
-    return report
 
 
 # What does not change a run's output, so a rerun that changes it still resumes the same run.
@@ -295,15 +281,10 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     rd = str(run_dir)
     preflight(config)  # a missing or corrupt model fails here, before extract reads anything
     stages = enabled_stages(config)
-    progress = Progress(config.artifact_prefix, ["extract", *stages, "curated"])
+    progress = CurateProgress(config.artifact_prefix, ["extract", *stages, "curated"])
     units = pack_inputs(files, int(config.extract.pack_mb * 1e6))
     say(f"curating {len(files)} input files ({len(units)} work units) into {rd}: extract, {', '.join(stages)}")
-    progress.start(["extract"], len(units))
-    results = collect(extract_task.map(units, run_dir=unmapped(rd), cfg=unmapped(config.extract),
-                                       removed_schema=unmapped(REMOVED_SCHEMA)), progress.shard_done)
-    report = aggregate_extract(results)
-    progress.finish("extract", report)
-    write_report(rd, "extract", report)
+    results, report = run_extract(units, config.context(), config.extract, PrefectPhases().extract, progress)
     log.info("extract: %d records read from %d files in %d units, %d documents, %d kept, %d quarantined",
              report["records_read"], len(files), len(units), report["input_docs"], report["kept_docs"], report["quarantined"])
 

@@ -180,20 +180,37 @@ def load_done(marker: Path, fp: str, model: type = ShardResult):
     return done.model_copy(update={"skipped": True})
 
 
-class _StageTally:
-    """One stage's outputs and counts on one shard while the segment's pass runs."""
+class Tally:
+    """What a stage counts on one shard (extract: on one work unit) while it runs: documents read
+    and kept, text sizes in and out, removals by reason with examples, its stats and its time."""
 
-    def __init__(self, stage: Stage, shard: Shard, write_kept: bool):
-        layout = stage.layout
-        self.stage = stage
-        self.kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet") if write_kept else None
-        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet",
-                                     stage.context.removed_rows_schema(stage.columns))
+    def __init__(self):
         self.counts: dict[str, int] = {}
         self.examples: dict[str, list[dict]] = {}
         self.stats: dict[str, Any] = {}
         self.n_in = self.n_kept = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
         self.seconds = 0.0
+
+    def count_removed(self, removed: pa.Table) -> None:
+        count_reasons(removed, self.counts, self.examples)
+
+    def counted(self) -> dict[str, Any]:
+        """The counts as fields of the shard's `ShardResult`."""
+        return dict(input_docs=self.n_in, kept_docs=self.n_kept, removed_by_reason=self.counts, examples=self.examples,
+                    stats=self.stats, bytes_in=self.bytes_in, bytes_out=self.bytes_out, chars_in=self.chars_in,
+                    chars_out=self.chars_out, seconds=round(self.seconds, 3))
+
+
+class _StageTally(Tally):
+    """One stage's outputs and counts on one shard while the segment's pass runs."""
+
+    def __init__(self, stage: Stage, shard: Shard, write_kept: bool):
+        super().__init__()
+        layout = stage.layout
+        self.stage = stage
+        self.kept_w = ShardWriter(layout.kept / f"{shard.name}.parquet") if write_kept else None
+        self.removed_w = ShardWriter(layout.removed / f"{shard.name}.parquet",
+                                     stage.context.removed_rows_schema(stage.columns))
 
     def run(self, batch: pa.Table, shard_plan: Any) -> pa.Table:
         """The stage over one batch: its removed rows written, its kept rows returned."""
@@ -207,7 +224,7 @@ class _StageTally:
         if self.kept_w is not None:
             self.kept_w.write(out.kept)
         self.removed_w.write(conform(out.removed, self.removed_w.schema, self.stage.name))
-        count_reasons(out.removed, self.counts, self.examples)
+        self.count_removed(out.removed)
         merge_counts(self.stats, out.stats)
         count_languages(out, self.stats)
         self.seconds += time.perf_counter() - t0
@@ -229,10 +246,7 @@ class _StageTally:
         if self.n_in != self.n_kept + removed.rows or (kept is not None and kept.rows != self.n_kept):
             raise AssertionError(f"{self.stage.name}/{shard.name}: input {self.n_in} != kept {self.n_kept} + removed {removed.rows}")
         return ShardResult(stage=self.stage.name, shard=shard.name, fingerprint=fp, input=shard, kept=kept,
-                           removed=removed, input_docs=self.n_in, kept_docs=self.n_kept, removed_docs=removed.rows,
-                           removed_by_reason=self.counts, examples=self.examples, stats=self.stats,
-                           bytes_in=self.bytes_in, bytes_out=self.bytes_out, chars_in=self.chars_in,
-                           chars_out=self.chars_out, seconds=round(self.seconds, 3))
+                           removed=removed, removed_docs=removed.rows, **self.counted())
 
     def abort(self) -> None:
         for w in (self.kept_w, self.removed_w):

@@ -20,27 +20,26 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import pdf, pdf_layout, readers, records, text_repair, warc
+from quipu.tasks import extract_accounts, pdf, pdf_layout, readers, records, text_repair, warc
 from quipu.tasks.child_worker import ChildWorker
 from quipu.tasks.pdf import PdfConfig
-from quipu.tasks.schema import BASE_SCHEMA, QUARANTINE_SCHEMA, TEXT_BYTES, conform
-from quipu.tasks.driver import count_reasons, load_done, merge_counts
-from quipu.tasks.stage import RunContext, Shard, ShardWriter, StageConfig, module_version
+from quipu.tasks.driver import NO_PROGRESS, Progress, load_done, merge_counts, write_report
+from quipu.tasks.extract_accounts import (STAGE, ExtractResult, FileAccount, UnitTally, aggregate_extract,
+                                          reason_counts, write_quarantine)
+from quipu.tasks.stage import RunContext, StageConfig, module_version
 
 import hashlib
 import os
 import sys
 
-STAGE = "extract"
 # Removed rows carry the document's size in bytes: a too-large document keeps only its first
 # TOO_LARGE_CHARS characters in `text` (its full text is never held past the decision).
-REMOVED_FIELDS = BASE_SCHEMA.append(pa.field("reason", pa.string(), nullable=False)).append(TEXT_BYTES)
 TOO_LARGE_CHARS = readers.TOO_LARGE_PREFIX_BYTES
 TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:html_too_large")
 
@@ -203,116 +202,7 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], readers, records, text_repair, warc, pdf, pdf_layout)
-
-
-class FileAccount(BaseModel):
-    """What one input file (or part of one) of a unit gave: every record read is a document or
-    quarantined."""
-    source: str
-    part: str | None = None      # "bytes A-B" / "row groups A-B" when the unit is part of a large file
-    input_sha256: str
-    records_read: int
-    documents: int
-    kept: int
-    quarantined: int
-    quarantine_by_reason: dict[str, int]
-    skipped_records: dict[str, int]
-
-
-class ExtractResult(BaseModel):
-    """One work unit's extraction (one input file, or several small ones packed): its kept shards
-    (several for a large unit), removed documents, quarantined records, and the account of each
-    input file. Also its done-marker (`extract/_shards/<unit key>.json`)."""
-    stage: str
-    shard: str
-    source: str                         # the unit's first input file (its only one unless packed)
-    fingerprint: str
-    input_sha256: str
-    files: list[FileAccount]
-    records_read: int
-    input_docs: int
-    kept_docs: int
-    removed_docs: int
-    quarantined: int
-    quarantine_by_reason: dict[str, int]
-    skipped_records: dict[str, int]     # records that are not documents (warcinfo, request), by type
-    kept_shards: list[Shard]
-    removed: Shard
-    quarantine: Shard | None
-    removed_by_reason: dict[str, int]
-    examples: dict[str, list[dict]]
-    stats: dict
-    bytes_in: int
-    bytes_out: int
-    chars_in: int
-    chars_out: int
-    seconds: float
-    skipped: bool = False
-
-    def outputs(self) -> list[Shard]:
-        return [*self.kept_shards, self.removed, *([self.quarantine] if self.quarantine else [])]
-
-
-class _Outputs:
-    """Where one file's documents go: kept rows into rolling shards of about `shard_mb`, removed rows
-    into one shard, both written in batches of `batch_rows`, with the counts of the report."""
-
-    def __init__(self, layout, key: str, cfg: ExtractConfig, removed_schema: pa.Schema):
-        self.layout, self.key, self.cfg = layout, key, cfg
-        self.shard_bytes = int(cfg.shard_mb * 1e6)
-        self.kept_shards: list[Shard] = []
-        self.kept_w: ShardWriter | None = None
-        self.kept_bytes = 0
-        self.removed_schema = removed_schema
-        self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", removed_schema)
-        self.kept_rows: list[dict] = []
-        self.removed_rows: list[dict] = []
-        self.counts: dict[str, int] = {}
-        self.examples: dict[str, list[dict]] = {}
-        self.docs = self.kept = self.bytes_in = self.chars_in = self.bytes_out = self.chars_out = 0
-
-    def add(self, row: dict, reason: str | None, nbytes: int) -> None:
-        self.docs += 1
-        self.bytes_in += nbytes
-        self.chars_in += len(row["text"])
-        if reason is None:
-            self.kept += 1
-            self.kept_rows.append(row)
-            self.kept_bytes += nbytes
-            self.bytes_out += nbytes
-            self.chars_out += len(row["text"])
-        else:
-            row["reason"] = reason
-            row["text_bytes"] = nbytes
-            self.removed_rows.append(row)
-        if len(self.kept_rows) + len(self.removed_rows) >= self.cfg.batch_rows or self.kept_bytes >= self.shard_bytes:
-            self.flush()
-
-    def flush(self, final: bool = False) -> None:
-        if self.kept_rows:
-            if self.kept_w is None:
-                self.kept_w = ShardWriter(self.layout.kept / f"{self.key}-{len(self.kept_shards):04d}.parquet", BASE_SCHEMA)
-            self.kept_w.write(pa.Table.from_pylist(self.kept_rows, BASE_SCHEMA))
-            self.kept_rows = []
-        if self.removed_rows:
-            table = conform(pa.Table.from_pylist(self.removed_rows, REMOVED_FIELDS), self.removed_schema, "extract")
-            self.removed_w.write(table)
-            count_reasons(table, self.counts, self.examples)
-            self.removed_rows = []
-        if self.kept_w is not None and (final or self.kept_bytes >= self.shard_bytes):
-            self.kept_shards.append(self.kept_w.close())
-            self.kept_w = None
-            self.kept_bytes = 0
-
-    def close(self) -> Shard:
-        self.flush(final=True)
-        return self.removed_w.close()
-
-    def abort(self) -> None:
-        if self.kept_w is not None:
-            self.kept_w.abort()
-        self.removed_w.abort()
+    return module_version(sys.modules[__name__], extract_accounts, readers, records, text_repair, warc, pdf, pdf_layout)
 
 
 Input = str | readers.FileSlice        # a whole file, or part of a large one
@@ -406,12 +296,12 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
     skipped: dict[str, int] = {}
     pdf_stats: dict = {}
     files: list[FileAccount] = []
-    out = _Outputs(layout, key, cfg, run.removed_rows_schema())
+    out = UnitTally(layout, key, cfg.batch_rows, int(cfg.shard_mb * 1e6), run.removed_rows_schema())
     try:
         for unit_item, sha in zip(items, shas):
             path, part = input_path(unit_item), (unit_item if isinstance(unit_item, readers.FileSlice) else None)
             stats = readers.ReadStats()
-            docs0, kept0, q0 = out.docs, out.kept, len(quarantine_rows)
+            docs0, kept0, q0 = out.n_in, out.n_kept, len(quarantine_rows)
             for item in readers.read(path, stats, limits, part):
                 if isinstance(item, readers.Quarantined):
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
@@ -430,50 +320,55 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
                 out.add(row, reason, nbytes)
             mine = quarantine_rows[q0:]
             files.append(FileAccount(source=readers.source_name(path), part=part.describe() if part else None, input_sha256=sha,
-                                     records_read=out.docs - docs0 + len(mine),
-                                     documents=out.docs - docs0, kept=out.kept - kept0, quarantined=len(mine),
-                                     quarantine_by_reason=_reason_counts(mine), skipped_records=stats.skipped))
+                                     records_read=out.n_in - docs0 + len(mine),
+                                     documents=out.n_in - docs0, kept=out.n_kept - kept0, quarantined=len(mine),
+                                     quarantine_by_reason=reason_counts(mine), skipped_records=stats.skipped))
             for k, n in stats.skipped.items():
                 skipped[k] = skipped.get(k, 0) + n
         removed = out.close()
         quarantine = None
         if quarantine_rows:
-            quarantine = _write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows)
+            quarantine = write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows)
     except BaseException:
         out.abort()
         raise
 
-    kept_docs = sum(s.rows for s in out.kept_shards)
+    out.stats = {"skipped_records": skipped, "unicode_repaired": repaired, **({"pdf": pdf_stats} if pdf_stats else {}),
+                 "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}}
+    out.seconds = time.perf_counter() - t0
     result = ExtractResult(
         stage=STAGE, shard=key, source=input_path(items[0]), fingerprint=fp, input_sha256=unit_sha, files=files,
-        records_read=out.docs + len(quarantine_rows), input_docs=out.docs, kept_docs=kept_docs,
-        removed_docs=removed.rows, quarantined=len(quarantine_rows),
-        quarantine_by_reason=_reason_counts(quarantine_rows), skipped_records=skipped,
-        kept_shards=out.kept_shards, removed=removed, quarantine=quarantine,
-        removed_by_reason=out.counts, examples=out.examples, stats={"skipped_records": skipped, "unicode_repaired": repaired,
-               **({"pdf": pdf_stats} if pdf_stats else {}),
-               "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}},
-        bytes_in=out.bytes_in, bytes_out=out.bytes_out, chars_in=out.chars_in, chars_out=out.chars_out,
-        seconds=round(time.perf_counter() - t0, 3))
-    if out.docs != kept_docs + removed.rows or kept_docs != out.kept:
-        raise AssertionError(f"extract/{key}: {out.docs} documents != kept {kept_docs} + removed {removed.rows}")
+        records_read=out.n_in + len(quarantine_rows), removed_docs=removed.rows, quarantined=len(quarantine_rows),
+        quarantine_by_reason=reason_counts(quarantine_rows), skipped_records=skipped,
+        kept_shards=out.kept_shards, removed=removed, quarantine=quarantine, **out.counted())
+    if out.n_in != out.n_kept + removed.rows or sum(s.rows for s in out.kept_shards) != out.n_kept:
+        raise AssertionError(f"extract/{key}: {out.n_in} documents != kept {out.n_kept} + removed {removed.rows}")
     write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
     return result
 
 
-def _reason_counts(rows: list[dict]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in rows:
-        # group by the reason's stable head ("malformed JSON: ..." → "malformed JSON")
-        head = r["reason"].split(":")[0]
-        out[head] = out.get(head, 0) + 1
-    return out
+def run_extract(units: list[list[Input]], run: RunContext, cfg: ExtractConfig, map_units: Callable | None = None,
+                progress: Progress = NO_PROGRESS) -> tuple[list[ExtractResult], dict]:
+    """Extract over its work units as the driver runs a stage: `progress.start`, every unit
+    (`map_units(units, run, cfg, on_result)`: the curate flow's one task per unit; by default here,
+    in order) with `progress.shard_done` as each is done, then the stage report: summed, checked,
+    `progress.finish` and written (`extract/report.json`). Returns the units' results and the report."""
+    progress.start([STAGE], len(units))
+    results = (map_units or extract_units)(units, run, cfg, progress.shard_done)
+    report = aggregate_extract(results)
+    progress.finish(STAGE, report)
+    write_report(run.run_dir, STAGE, report)
+    return results, report
 
 
-def _write_quarantine(path: Path, rows: list[dict]) -> Shard:
-    w = ShardWriter(path, QUARANTINE_SCHEMA)
-    w.write(pa.Table.from_pylist(rows, QUARANTINE_SCHEMA))
-    return w.close()
+def extract_units(units: list[list[Input]], run: RunContext, cfg: ExtractConfig,
+                  on_result: Callable[[ExtractResult], object]) -> list[ExtractResult]:
+    """Every unit, one after another in this process."""
+    results = []
+    for unit in units:
+        results.append(extract_unit(unit, run.run_dir, cfg, run.removed_schema))
+        on_result(results[-1])
+    return results
 
 
 def _remote_fingerprint(path: str) -> str:
