@@ -83,6 +83,8 @@ def pdf_rows(pdf: dict) -> list[tuple[str, int]]:
             ("pages read from the text layer", pdf.get("pages_text", 0)), ("pages read by OCR", pdf.get("pages_ocr", 0)),
             ("empty pages", pdf.get("pages_empty", 0))]
     rows += [(f"pages dropped: {reason}", n) for reason, n in sorted(pdf.get("pages_dropped", {}).items())]
+    if pdf.get("removed_page_rows"):   # a row for each page dropped (one for the pages past max_pages)
+        rows += [("dropped-page rows in extract/removed (not documents)", pdf["removed_page_rows"])]
     rows += [(f"documents not opened: {reason}", n) for reason, n in sorted(pdf.get("documents_unread", {}).items())]
     rows += [("running header/footer lines removed", pdf.get("running_lines_removed", 0)),
              ("page numbers removed", pdf.get("page_numbers_removed", 0))]

@@ -31,7 +31,7 @@ from quipu.tasks.child_worker import ChildWorker
 from quipu.tasks.pdf import PdfConfig
 from quipu.tasks.driver import NO_PROGRESS, Progress, load_done, merge_counts, write_report
 from quipu.tasks.extract_accounts import (STAGE, ExtractResult, FileAccount, UnitTally, aggregate_extract,
-                                          reason_counts, write_quarantine)
+                                          page_row, reason_counts, write_quarantine)
 from quipu.tasks.stage import RunContext, StageConfig, module_version
 
 import hashlib
@@ -147,9 +147,10 @@ def control_char_ratio(text: str, sample: int = 100_000) -> float:
     return len(_CONTROL.findall(head)) / max(1, len(head))
 
 
-def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None) -> tuple[str, str | None]:
-    """(text, removal reason or None) for one record. A PDF's page counts are added to `pdf_stats`
-    and its fields (pdf_pages, ...) to the record's metadata."""
+def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None,
+           lost_pages: list | None = None) -> tuple[str, str | None]:
+    """(text, removal reason or None) for one record. A PDF's page counts are added to `pdf_stats`,
+    the pages it dropped to `lost_pages` and its fields (pdf_pages, ...) to the record's metadata."""
     if record.reject:
         return record.text or "", f"extract:{record.reject}"
     if record.pdf is not None:
@@ -157,6 +158,8 @@ def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None
         record.metadata.update(got.metadata)
         if pdf_stats is not None:
             merge_counts(pdf_stats, got.stats)
+        if lost_pages is not None:
+            lost_pages.extend(got.lost_pages)
         if got.reason:
             return got.text, f"extract:{got.reason}"
         record.pdf = None
@@ -307,7 +310,8 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg, pdf_stats)
+                lost: list = []
+                text, reason = decide(item, cfg, pdf_stats, lost)
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -318,6 +322,8 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
                     nbytes = item.size or nbytes if reason != "extract:html_too_large" else len(item.html or b"")
                     row["text"] = row["text"][:TOO_LARGE_CHARS]
                 out.add(row, reason, nbytes)
+                for first, last, why, detail in lost:     # a PDF's dropped pages: rows, not documents
+                    out.add_page(page_row(row, first, last, why, detail))
             mine = quarantine_rows[q0:]
             files.append(FileAccount(source=readers.source_name(path), part=part.describe() if part else None, input_sha256=sha,
                                      records_read=out.n_in - docs0 + len(mine),
@@ -333,16 +339,19 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
         out.abort()
         raise
 
+    if pdf_stats:
+        pdf_stats["removed_page_rows"] = out.removed_page_rows
     out.stats = {"skipped_records": skipped, "unicode_repaired": repaired, **({"pdf": pdf_stats} if pdf_stats else {}),
                  "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}}
     out.seconds = time.perf_counter() - t0
     result = ExtractResult(
         stage=STAGE, shard=key, source=input_path(items[0]), fingerprint=fp, input_sha256=unit_sha, files=files,
-        records_read=out.n_in + len(quarantine_rows), removed_docs=removed.rows, quarantined=len(quarantine_rows),
+        records_read=out.n_in + len(quarantine_rows), removed_docs=removed.rows - out.removed_page_rows,
+        removed_page_rows=out.removed_page_rows, quarantined=len(quarantine_rows),
         quarantine_by_reason=reason_counts(quarantine_rows), skipped_records=skipped,
         kept_shards=out.kept_shards, removed=removed, quarantine=quarantine, **out.counted())
-    if out.n_in != out.n_kept + removed.rows or sum(s.rows for s in out.kept_shards) != out.n_kept:
-        raise AssertionError(f"extract/{key}: {out.n_in} documents != kept {out.n_kept} + removed {removed.rows}")
+    if out.n_in != out.n_kept + result.removed_docs or sum(s.rows for s in out.kept_shards) != out.n_kept:
+        raise AssertionError(f"extract/{key}: {out.n_in} documents != kept {out.n_kept} + removed {result.removed_docs}")
     write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
     return result
 

@@ -5,9 +5,14 @@ the stage report summed from the units (`aggregate_extract`: `driver.aggregate` 
 quarantine and each input file's account, all checked).
 
 Every record read is a document or quarantined; every document is kept or removed with a reason.
+A removed/ shard also holds a row for each page a PDF dropped (kept document or removed): reason
+`pdf:<why>` (as in the report's `stats.pdf.pages_dropped`), id `<document id>#page=<n>` (the pages
+past `max_pages`: one row, `#pages=<a>-<b>`), no text, the page(s) and any detail in `metadata`.
+They are counted apart (`removed_page_rows`), never as documents: input = kept + removed documents.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,6 +57,7 @@ class ExtractResult(ShardResult):
     skipped_records: dict[str, int]     # records that are not documents (warcinfo, request), by type
     kept_shards: list[Shard]
     quarantine: Shard | None
+    removed_page_rows: int = 0          # rows of `removed` that are a PDF's dropped pages, not documents
 
     def outputs(self) -> list[Shard]:
         return [*self.kept_shards, self.removed, *([self.quarantine] if self.quarantine else [])]
@@ -72,6 +78,8 @@ class UnitTally(Tally):
         self.removed_w = ShardWriter(layout.removed / f"{key}.parquet", removed_schema)
         self.kept_rows: list[dict] = []
         self.removed_rows: list[dict] = []
+        self.page_rows: list[dict] = []
+        self.removed_page_rows = 0
 
     def add(self, row: dict, reason: str | None, nbytes: int) -> None:
         self.n_in += 1
@@ -87,7 +95,17 @@ class UnitTally(Tally):
             row["reason"] = reason
             row["text_bytes"] = nbytes
             self.removed_rows.append(row)
-        if len(self.kept_rows) + len(self.removed_rows) >= self.batch_rows or self.kept_bytes >= self.shard_bytes:
+        self._flush_if_full()
+
+    def add_page(self, row: dict) -> None:
+        """A page a PDF dropped (`page_row`): written with the removed rows, counted apart."""
+        self.page_rows.append(row)
+        self.removed_page_rows += 1
+        self._flush_if_full()
+
+    def _flush_if_full(self) -> None:
+        if len(self.kept_rows) + len(self.removed_rows) + len(self.page_rows) >= self.batch_rows \
+                or self.kept_bytes >= self.shard_bytes:
             self.flush()
 
     def flush(self, final: bool = False) -> None:
@@ -96,11 +114,14 @@ class UnitTally(Tally):
                 self.kept_w = ShardWriter(self.layout.kept / f"{self.key}-{len(self.kept_shards):04d}.parquet", BASE_SCHEMA)
             self.kept_w.write(pa.Table.from_pylist(self.kept_rows, BASE_SCHEMA))
             self.kept_rows = []
-        if self.removed_rows:
+        if self.removed_rows or self.page_rows:
             table = conform(pa.Table.from_pylist(self.removed_rows, REMOVED_FIELDS), self.removed_schema, STAGE)
+            self.count_removed(table)     # documents only: a page's reason is no document's
+            if self.page_rows:
+                pages = pa.Table.from_pylist(self.page_rows, REMOVED_FIELDS)
+                table = pa.concat_tables([table, conform(pages, self.removed_schema, STAGE)])
             self.removed_w.write(table)
-            self.count_removed(table)
-            self.removed_rows = []
+            self.removed_rows, self.page_rows = [], []
         if self.kept_w is not None and (final or self.kept_bytes >= self.shard_bytes):
             self.kept_shards.append(self.kept_w.close())
             self.kept_w = None
@@ -114,6 +135,17 @@ class UnitTally(Tally):
         if self.kept_w is not None:
             self.kept_w.abort()
         self.removed_w.abort()
+
+
+def page_row(doc: dict, first: int, last: int, reason: str, detail: str | None) -> dict:
+    """The removed row of a page (`first` == `last`, from 1) or run of pages a PDF dropped: the
+    document's id with the page(s), its source, url and date, no text."""
+    meta = {"pdf_document": doc["id"], "pdf_page": first, **({"pdf_page_last": last} if last != first else {}),
+            **({"pdf_error": detail} if detail else {})}
+    pages = f"page={first}" if first == last else f"pages={first}-{last}"
+    return {"id": f"{doc['id']}#{pages}", "text": "", "source": doc["source"], "url": doc["url"], "date": doc["date"],
+            "content_type": doc["content_type"], "metadata": json.dumps(meta, sort_keys=True), "reason": reason,
+            "text_bytes": None}
 
 
 def reason_counts(rows: list[dict]) -> dict[str, int]:
@@ -138,6 +170,7 @@ def aggregate_extract(results: list[ExtractResult]) -> dict:
     report = aggregate(STAGE, results)
     report["records_read"] = sum(r.records_read for r in results)
     report["quarantined"] = sum(r.quarantined for r in results)
+    report["removed_page_rows"] = sum(r.removed_page_rows for r in results)   # in removed/, not documents
     q: dict[str, int] = {}
     for r in results:
         for k, n in r.quarantine_by_reason.items():

@@ -23,6 +23,8 @@ Per page:
 The document's text is then made by `pdf_layout.document_text` (reading order, running headers
 and page numbers removed, paragraphs, de-hyphenation). A document that gives no text is removed
 with the reason its pages were dropped for (or `pdf:encrypted`, `pdf:unreadable`, `pdf:no_text`).
+Every page dropped, from a kept document or a removed one, is listed (`PdfRead.lost_pages`):
+extract writes a row for it to extract/removed, beside the documents.
 """
 from __future__ import annotations
 
@@ -466,6 +468,8 @@ class PdfRead:
     reason: str | None
     metadata: dict
     stats: dict = field(default_factory=dict)
+    # each page, or run of pages, dropped: (first page, last page (from 1), reason, detail or None)
+    lost_pages: list[tuple[int, int, str, str | None]] = field(default_factory=list)
 
 
 _local = threading.local()
@@ -542,7 +546,7 @@ def _last(info: dict, cfg: PdfConfig) -> int:
 
 def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
     """The document's text, metadata and page counts from its pages' results."""
-    pages, dropped = [], {}
+    pages, dropped, lost = [], {}, []
     n_text = n_ocr = n_empty = words = 0
     conf_total = 0.0
     for i in sorted(results):
@@ -550,6 +554,7 @@ def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
         status = r["status"]
         if status == "dropped":
             dropped[r["reason"]] = dropped.get(r["reason"], 0) + 1
+            lost.append((i + 1, i + 1, r["reason"], r.get("detail")))
             continue
         n_text += status == "text"
         n_ocr += status == "ocr"
@@ -560,6 +565,7 @@ def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
         pages.append(Page(r["width"], r["height"], [Line(*l) for l in r["lines"]]))
     if info["pages"] > cfg.max_pages:
         dropped["pdf:over_max_pages"] = info["pages"] - cfg.max_pages
+        lost.append((cfg.max_pages + 1, info["pages"], "pdf:over_max_pages", None))   # one row, not one a page
     text, removed = document_text(pages)
     metadata = {"pdf_pages": info["pages"], "pdf_pages_text": n_text, "pdf_pages_ocr": n_ocr,
                 "pdf_producer": info.get("producer"), "pdf_title": info.get("title"),
@@ -577,4 +583,4 @@ def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
     reason = None
     if not text.strip():
         reason = max(dropped, key=lambda k: (dropped[k], k)) if dropped else "pdf:no_text" if info["pages"] else "pdf:no_pages"
-    return PdfRead(text, reason, metadata, stats)
+    return PdfRead(text, reason, metadata, stats, lost)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -335,17 +336,22 @@ def check_bad_input_run(out: Path, inputs: list[str], expected: dict) -> None:
     curated = list((out / "curated").glob("*.parquet"))
     removed = list(out.glob("*/removed/*.parquet"))
     quarantine = list((out / "quarantine").glob("*.parquet"))
-    n_kept, n_removed, n_quarantined = rows(curated), rows(removed), rows(quarantine)
+    # extract/removed also holds a row for each page a PDF dropped: not a document, counted apart
+    page_rows = json.loads((out / "extract" / "report.json").read_text())["removed_page_rows"]
+    n_kept, n_removed, n_quarantined = rows(curated), rows(removed) - page_rows, rows(quarantine)
     assert n_kept == run["curated"]["rows"] == run["stages"][-1]["kept_docs"]
     assert n_quarantined == run["quarantined"]
     assert n_kept + n_removed + n_quarantined == run["records_read"], (n_kept, n_removed, n_quarantined, run["records_read"])
     for s in run["stages"]:
         assert s["input_docs"] == s["kept_docs"] + s["removed_docs"]
-        assert rows(out.glob(f"{s['name']}/removed/*.parquet")) == s["removed_docs"]
+        assert rows(out.glob(f"{s['name']}/removed/*.parquet")) == s["removed_docs"] + (s["name"] == "extract") * page_rows
 
     # ... and per input file, from the rows themselves (their `source` column)
     per_source: dict[str, int] = {}
-    for t in (read_all(curated, ["source"]), read_all(removed, ["source"]), read_all(quarantine, ["source"])):
+    removed_docs = read_all(removed, ["source", "reason"])
+    removed_docs = removed_docs.filter(pc.invert(pc.starts_with(removed_docs.column("reason"), "pdf:")))
+    assert removed_docs.num_rows == n_removed
+    for t in (read_all(curated, ["source"]), removed_docs, read_all(quarantine, ["source"])):
         for s in (t.column("source").to_pylist() if t is not None else []):
             per_source[s] = per_source.get(s, 0) + 1
     files = json.loads((out / "extract" / "report.json").read_text())["files"]

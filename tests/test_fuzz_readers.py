@@ -422,7 +422,9 @@ def test_fuzzed_pdf_is_one_accounted_record(data, tmp_path_factory):
     assert result["records_read"] == 1 == result["input_docs"] + result["quarantined"]
     kept = sum(pq.ParquetFile(s["path"]).metadata.num_rows for s in result["kept_shards"])
     removed = pq.read_table(result["removed"]["path"]).to_pylist()
-    assert kept + len(removed) == result["input_docs"]
-    assert all(r["reason"].startswith("extract:") for r in removed), removed
+    docs = [r for r in removed if "#page" not in r["id"]]     # the rest: rows of the pages it dropped
+    assert kept + len(docs) == result["input_docs"] and len(removed) - len(docs) == result["removed_page_rows"]
+    assert all(r["reason"].startswith("extract:") for r in docs), removed
+    assert all(r["reason"].startswith("pdf:") for r in removed if r not in docs), removed
     assert not [p for p in run.rglob(".tmp-*")], "temporary files left"
     COUNTS["pdf"] = COUNTS.get("pdf", 0) + 1

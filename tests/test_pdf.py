@@ -258,6 +258,45 @@ def test_pdf_files_and_warc_pdf_responses_through_extract(tmp_path):
     assert totals == {"kept": 3, "removed": {"extract:pdf:encrypted": 1}, "quarantine": ["empty file (0 bytes)"]}
 
 
+def _joined_pdf(*parts: tuple[bytes, list[int] | None]) -> bytes:
+    """One PDF of the given pages of other PDFs (None: all of its pages), in order."""
+    import pypdfium2 as pdfium
+    doc = pdfium.PdfDocument.new()
+    for data, pages in parts:
+        doc.import_pages(pdfium.PdfDocument(data), pages)
+    buf = io.BytesIO()
+    doc.save(buf)
+    return buf.getvalue()
+
+
+def test_pages_dropped_from_a_kept_pdf_are_rows_of_extract_removed(tmp_path):
+    """A kept PDF's dropped pages (a scan under ocr: never, the pages past max_pages) are rows of
+    extract/removed with their reason and page, counted apart from the documents, and shown by the
+    report."""
+    from quipu.flows.reports import pdf_rows
+    from quipu.tasks.extract_accounts import aggregate_extract
+    text = make_pdf(PARAGRAPHS["en"][:20], "en", seed=2)
+    assert text.pages >= 2
+    scan = make_pdf(PARAGRAPHS["en"][:2], "en", seed=1, image_only=True, image_dpi=72)
+    path = tmp_path / "mixed.pdf"
+    path.write_bytes(_joined_pdf((text.data, [0]), (scan.data, None), (text.data, [1, 0])))
+    r = extract_file(str(path), tmp_path / "run", ExtractConfig(pdf=PdfConfig(ocr="never", max_pages=2)))
+    assert (r.input_docs, r.kept_docs, r.removed_docs, r.removed_page_rows) == (1, 1, 0, 2)
+    doc_id = pq.read_table(r.kept_shards[0].path).column("id")[0].as_py()
+    rows = {x["id"]: x for x in pq.read_table(r.removed.path).to_pylist()}
+    assert {i: (x["reason"], x["stage"], x["source"], x["text"]) for i, x in rows.items()} == {
+        f"{doc_id}#page=2": ("pdf:needs_ocr", "extract", str(path), ""),
+        f"{doc_id}#pages=3-4": ("pdf:over_max_pages", "extract", str(path), "")}
+    assert json.loads(rows[f"{doc_id}#page=2"]["metadata"]) == {"pdf_document": doc_id, "pdf_page": 2,
+                                                                "pdf_error": "text layer: none"}
+    assert json.loads(rows[f"{doc_id}#pages=3-4"]["metadata"])["pdf_page_last"] == 4
+    report = aggregate_extract([r])     # documents: 1 in = 1 kept + 0 removed; the page rows apart
+    assert (report["removed_docs"], report["removed_by_reason"], report["removed_page_rows"]) == (0, {}, 2)
+    shown = dict(pdf_rows(report["stats"]["pdf"]))
+    assert shown["pages dropped: pdf:needs_ocr"] == 1 and shown["pages dropped: pdf:over_max_pages"] == 2
+    assert shown["dropped-page rows in extract/removed (not documents)"] == 2
+
+
 @pytest.mark.slow
 def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report.
@@ -281,10 +320,13 @@ def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     assert extract["pdf"]["pages_dropped"] == {"pdf:needs_ocr": 1}
     report = run_quipu("report", str(out))
     assert report.returncode == 0
-    for what in ("extract:pdf:encrypted", "extract:pdf:needs_ocr", "pages dropped: pdf:needs_ocr", "PDF pages"):
+    for what in ("extract:pdf:encrypted", "extract:pdf:needs_ocr", "pages dropped: pdf:needs_ocr", "PDF pages",
+                 "dropped-page rows in extract/removed"):
         assert what in report.stdout, report.stdout
     removed = pq.read_table(list((out / "extract" / "removed").glob("*.parquet"))).to_pylist()
-    assert sorted(r["reason"] for r in removed) == ["extract:pdf:encrypted", "extract:pdf:needs_ocr"]
+    # the scanned PDF: its document row, and a row for its one page
+    assert sorted(r["reason"] for r in removed) == ["extract:pdf:encrypted", "extract:pdf:needs_ocr", "pdf:needs_ocr"]
+    assert [r["id"].rsplit("#", 1)[1] for r in removed if r["reason"] == "pdf:needs_ocr"] == ["page=1"]
 
 
 # ---- the real PDFs in ../shared/data/pdf --------------------------------------------------------
