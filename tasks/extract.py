@@ -310,8 +310,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                lost: list = []
-                text, reason = decide(item, cfg, pdf_stats, lost)
+                text, reason = decide(item, cfg, pdf_stats, lost := [])
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -339,8 +338,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
         out.abort()
         raise
 
-    if pdf_stats:
-        pdf_stats["removed_page_rows"] = out.removed_page_rows
+    pdf_stats.update({"removed_page_rows": out.removed_page_rows} if pdf_stats else {})
     out.stats = {"skipped_records": skipped, "unicode_repaired": repaired, **({"pdf": pdf_stats} if pdf_stats else {}),
                  "edits": {{"mojibake": "mojibake repaired", "nfc": "NFC normalised"}[k]: n for k, n in repaired.items()}}
     out.seconds = time.perf_counter() - t0
