@@ -153,6 +153,25 @@ class StageLayout:
         return sorted(dirs)
 
 
+class StoredFile(BaseModel):
+    """A file a phase wrote, with its content hash: a rerun reuses the phase only if it is intact."""
+    path: str
+    sha256: str
+
+
+class PhaseResult(BaseModel):
+    """The typed result of a scan or a plan partition that is worth keeping across a kill (dedup's
+    signatures and verified pairs): the driver stores it as a done-marker, as it does a shard's
+    `ShardResult`, and reuses it when its fingerprint matches and every file it names is intact."""
+    fingerprint: str = ""      # set by the driver: what the result depends on
+    files: dict[str, StoredFile] = Field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: bool = False      # reused from an earlier run (not stored in the marker)
+
+    def outputs(self) -> list[StoredFile]:
+        return list(self.files.values())
+
+
 @dataclass
 class Outcome:
     kept: pa.Table
@@ -187,6 +206,19 @@ class Stage:
         return False
 
     def scan(self, shard: Shard) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # A stage whose scan or plan partitions cost much gives their `PhaseResult` type here and their
+    # fingerprint below: the driver then keeps each one as a done-marker and a rerun reuses it.
+    scan_result: ClassVar[type[PhaseResult] | None] = None
+    partition_result: ClassVar[type[PhaseResult] | None] = None
+
+    def scan_fingerprint(self, shard: Shard) -> str:  # pragma: no cover - interface
+        """What a shard's scan depends on (with `scan_result` set)."""
+        raise NotImplementedError
+
+    def partition_fingerprint(self, partition: Any) -> str:  # pragma: no cover - interface
+        """What a plan partition's result depends on (with `partition_result` set)."""
         raise NotImplementedError
 
     def plan(self, scans: list | None) -> Any:
