@@ -24,6 +24,9 @@ its decisions must not depend on how a shard is cut into batches.
 
 `fingerprint(shard_plan)` says what, besides the input shard, the code and the config, a finished
 shard depends on (model files, cut-offs, decisions): a rerun reuses a shard only if it matches.
+Phases hand each other typed results (`LinePlan`; dedup's `Signatures`, `VerifiedPairs`, `DedupPlan`).
+A stage whose scans or plan partitions cost much names their `PhaseResult` type (`scan_result`,
+`partition_result`) and fingerprint: the driver keeps each as a done-marker, as it keeps shards.
 A filter that scores every document with a model and keeps by threshold or top fraction per
 language subclasses `ScoreFilter` (quipu.tasks.score_filter).
 """
