@@ -344,7 +344,7 @@ def process_one(segment: Segment, shard: Shard, plans: list) -> list[ShardResult
     return process_segment_shard(stages, shard, shard_plans, segment.keep_intermediate)
 
 
-def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
+def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> Any:
     return ref.build().commit([s.value for s in scans] if scans is not None else None, plan)
 
 
@@ -391,7 +391,7 @@ class InProcess:
             return results
         return self.map_fn(one, shards)
 
-    def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
+    def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> Any:
         return commit_stage(ref, scans, plan)
 
 

@@ -247,10 +247,10 @@ class Stage:
     def fingerprint(self, shard_plan: Any) -> dict:
         return {}
 
-    def commit(self, scans: list | None, plan: Any) -> dict | None:
+    def commit(self, scans: list | None, plan: Any) -> Any:
         return None
 
-    def finalize(self, stats: dict, scans: list | None, plan: Any, committed: dict | None) -> dict:
+    def finalize(self, stats: dict, scans: list | None, plan: Any, committed: Any) -> dict:
         return stats
 
     def code_version(self) -> str:
