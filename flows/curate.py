@@ -70,7 +70,7 @@ def plan_task(ref: StageRef, scans: list[driver.Scan] | None):
     return driver.plan_stage(ref, scans)
 
 
-@task(name="stage-plan-part", task_run_name="{ref.name}-plan-{partition[p]}", retries=1, retry_delay_seconds=1)
+@task(name="stage-plan-part", task_run_name="{ref.name}-plan-{partition.p}", retries=1, retry_delay_seconds=1)
 def plan_part_task(ref: StageRef, scans: list[driver.Scan] | None, partition):
     return driver.plan_part(ref, scans, partition)
 

@@ -6,7 +6,8 @@ stages after it run in the same pass over each shard. `process_segment_shard` st
 through a segment's stages in batches, writes each stage's `removed/` and the segment's last
 `kept/` (every stage's with `keep_intermediate`) under temporary names, counts, checks
 `input = kept + removed` per stage, and leaves one done-marker per stage whose fingerprint lets a
-rerun skip the shard. `run_segment` runs every phase of the contract in order; its `phases`
+rerun skip the shard (a stage declaring a `scan_result` / `partition_result` type gets such markers
+for its scans and plan partitions too, under `_shards/scans/` and `_shards/partitions/`). `run_segment` runs every phase of the contract in order; its `phases`
 argument decides where the per-shard work runs: `InProcess` (tests, benchmarks, notebooks) or the
 curate flow's Prefect tasks, which call the same functions below. `run_stage` runs one stage
 alone (its kept rows written).
@@ -30,6 +31,7 @@ import pyarrow.parquet as pq
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.tasks.schema import conform
 from quipu.tasks.stage import Outcome, RunContext, Shard, ShardResult, ShardWriter, Stage, StageConfig, snippet
+from quipu.tasks.stage import PhaseResult
 
 EXAMPLES_PER_REASON = 3
 
@@ -311,9 +313,25 @@ def _check_outcome(stage: str, batch: pa.Table, out: Outcome) -> None:
 
 # ---- the phases, as functions of a StageRef / Segment (what the flow's tasks call) ------------
 
+def kept_phase(marker: Path, fp: str, model: type[PhaseResult], compute: Callable[[], PhaseResult]) -> PhaseResult:
+    """A scan's or plan partition's result, reused from its done-marker when `fp` matches and its
+    files are intact, else computed and stored as the marker (for stages that declare the type)."""
+    done = load_done(marker, fp, model)
+    if done is not None:
+        return done
+    result = compute().model_copy(update={"fingerprint": fp})
+    write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
+    return result
+
+
 def scan_shard(ref: StageRef, shard: Shard) -> Scan:
     t0 = time.perf_counter()
-    value = ref.build().scan(shard)
+    stage = ref.build()
+    if stage.scan_result is None:
+        value = stage.scan(shard)
+    else:
+        value = kept_phase(stage.layout.markers / "scans" / f"{shard.name}.json", stage.scan_fingerprint(shard),
+                           stage.scan_result, lambda: stage.scan(shard))
     return Scan(shard.name, value, round(time.perf_counter() - t0, 3))
 
 
@@ -326,7 +344,13 @@ def plan_partitions(ref: StageRef, scans: list[Scan] | None) -> list | None:
 
 
 def plan_part(ref: StageRef, scans: list[Scan] | None, partition: Any) -> Any:
-    return ref.build().plan_partition([s.value for s in scans] if scans is not None else None, partition)
+    stage = ref.build()
+    values = [s.value for s in scans] if scans is not None else None
+    if stage.partition_result is None:
+        return stage.plan_partition(values, partition)
+    fp = stage.partition_fingerprint(partition)   # names the marker: a partition has no name of its own
+    return kept_phase(stage.layout.markers / "partitions" / f"{fp[:16]}.json", fp, stage.partition_result,
+                      lambda: stage.plan_partition(values, partition))
 
 
 def combine_stage(ref: StageRef, scans: list[Scan] | None, partials: list) -> Any:
@@ -340,7 +364,7 @@ def process_one(segment: Segment, shard: Shard, plans: list) -> list[ShardResult
     return process_segment_shard(stages, shard, shard_plans, segment.keep_intermediate)
 
 
-def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
+def commit_stage(ref: StageRef, scans: list[Scan] | None, plan: Any) -> Any:
     return ref.build().commit([s.value for s in scans] if scans is not None else None, plan)
 
 
@@ -387,7 +411,7 @@ class InProcess:
             return results
         return self.map_fn(one, shards)
 
-    def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> dict | None:
+    def commit(self, ref: StageRef, scans: list[Scan] | None, plan: Any) -> Any:
         return commit_stage(ref, scans, plan)
 
 

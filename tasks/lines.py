@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from quipu.catalog.files import read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
-from quipu.tasks.partitions import bounds, key_range, n_partitions, save_npy
+from quipu.tasks.partitions import KeyRange, key_range, key_ranges, n_partitions, save_npy
 from quipu.tasks.schema import set_column
 from quipu.tasks.per_language import PerLanguage, resolve
 from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, langs_of, snippet, split_by_mask
@@ -251,18 +251,16 @@ class LineDedup(Stage):
         idx = self.index()
         return [Counts(**s["counts"]) for s in scans or []], (idx.visible(self.context.run_dir) if idx is not None else [])
 
-    def plan_partitions(self, scans: list | None) -> list[dict]:
+    def plan_partitions(self, scans: list | None) -> list[KeyRange]:
         mine, earlier = self._counts(scans)
-        n_parts = n_partitions(sum(c.rows for c in mine + earlier), self.config.partition_rows)
-        edges = bounds(n_parts)
-        return [{"p": p, "lo": edges[p], "hi": edges[p + 1]} for p in range(n_parts)]
+        return key_ranges(n_partitions(sum(c.rows for c in mine + earlier), self.config.partition_rows))
 
-    def plan_partition(self, scans: list | None, part: dict) -> dict:
+    def plan_partition(self, scans: list | None, part: KeyRange) -> dict:
         cfg = self.config
         mine, earlier = self._counts(scans)
-        own = [c.slice(part["lo"], part["hi"]) for c in mine]
+        own = [c.slice(part.lo, part.hi) for c in mine]
         run_h, run_c = add_up([h for h, _ in own], [c for _, c in own])
-        old = [c.slice(part["lo"], part["hi"]) for c in earlier]
+        old = [c.slice(part.lo, part.hi) for c in earlier]
         all_h, all_c = add_up([run_h] + [h for h, _ in old], [run_c] + [c for _, c in old])
         keep = all_c > cfg.lowest_line_count()
         freq_h, freq_c = all_h[keep], all_c[keep]
@@ -272,9 +270,9 @@ class LineDedup(Stage):
             k = min(TOP_LINES, len(freq_c))
             best = np.argpartition(-freq_c.astype(np.int64), k - 1)[:k]
             top = [(int(freq_c[i]), int(freq_h[i])) for i in best]
-        return {"frequent": Counts.write(out / f"frequent-{part['p']:04d}", freq_h, freq_c).model_dump(),
-                "run": Counts.write(out / f"run-{part['p']:04d}", run_h, run_c).model_dump(),
-                "lo": part["lo"], "lines": len(run_h), "frequent_lines": len(freq_h), "top": top,
+        return {"frequent": Counts.write(out / f"frequent-{part.p:04d}", freq_h, freq_c).model_dump(),
+                "run": Counts.write(out / f"run-{part.p:04d}", run_h, run_c).model_dump(),
+                "lo": part.lo, "lines": len(run_h), "frequent_lines": len(freq_h), "top": top,
                 "index_generations": len(earlier)}
 
     def combine(self, scans: list | None, partials: list[dict]) -> LinePlan:

@@ -31,6 +31,18 @@ def bounds(n_parts: int) -> list[int]:
     return [(p * KEY_SPACE) // n_parts for p in range(n_parts)] + [KEY_SPACE]
 
 
+class KeyRange(BaseModel):
+    """One partition of a partitioned plan: keys lo <= key < hi, partition `p` of the plan."""
+    p: int
+    lo: int
+    hi: int
+
+
+def key_ranges(n_parts: int) -> list[KeyRange]:
+    edges = bounds(n_parts)
+    return [KeyRange(p=p, lo=edges[p], hi=edges[p + 1]) for p in range(n_parts)]
+
+
 def n_partitions(rows: int, partition_rows: int, minimum: int = 1) -> int:
     """How many key ranges keep each at about `partition_rows` rows (uniform hashes)."""
     return max(minimum, math.ceil(rows / partition_rows))

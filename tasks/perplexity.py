@@ -173,7 +173,7 @@ class PerplexityStage(Stage):
         for _, _, part in scans:
             for lang, vals in part.items():
                 by_lang.setdefault(lang, []).extend(vals)
-        return {"cutoffs": compute_cutoffs(by_lang, self.config), "scores": {name: path for name, path, _ in scans}}
+        return {"cutoffs": percentile_cutoffs(by_lang, self.config), "scores": {name: path for name, path, _ in scans}}
 
     def plan_for(self, shard: Shard, plan: dict | None) -> "ShardScores":
         if plan is None:
@@ -279,7 +279,7 @@ def score_shard(scorer: Scorer, shard: Shard, folder: Path, batch_rows: int) -> 
     return str(path), by_lang
 
 
-def compute_cutoffs(by_lang: dict[str, list[float]], cfg: PerplexityConfig) -> dict[str, dict]:
+def percentile_cutoffs(by_lang: dict[str, list[float]], cfg: PerplexityConfig) -> dict[str, dict]:
     """Per language, the head and tail thresholds (numpy's linear-interpolation percentiles)."""
     import numpy as np
     out = {}

@@ -62,7 +62,7 @@ class Cutoff:
         return score > self.score or (score == self.score and doc_id <= self.id)
 
 
-def compute_cutoffs(scored: dict[str, list[tuple[float, str]]], cfg: ScoreFilterConfig) -> dict[str, Cutoff]:
+def top_fraction_cutoffs(scored: dict[str, list[tuple[float, str]]], cfg: ScoreFilterConfig) -> dict[str, Cutoff]:
     """Per language, the rank-k document (score descending, id ascending), k = ceil(fraction * n)."""
     cutoffs = {}
     for lang in sorted(scored):
@@ -120,7 +120,7 @@ class ScoreFilter(Stage):
         for part in scans:
             for lang, pairs in part.items():
                 scored.setdefault(lang, []).extend(pairs)
-        return compute_cutoffs(scored, self.config)
+        return top_fraction_cutoffs(scored, self.config)
 
     def fingerprint(self, cutoffs: dict[str, Cutoff] | None) -> dict:
         cut = sorted((k, v.score, v.id, v.keep_all, v.keep_none) for k, v in (cutoffs or {}).items())

@@ -24,6 +24,9 @@ its decisions must not depend on how a shard is cut into batches.
 
 `fingerprint(shard_plan)` says what, besides the input shard, the code and the config, a finished
 shard depends on (model files, cut-offs, decisions): a rerun reuses a shard only if it matches.
+Phases hand each other typed results (`LinePlan`; dedup's `Signatures`, `VerifiedPairs`, `DedupPlan`).
+A stage whose scans or plan partitions cost much names their `PhaseResult` type (`scan_result`,
+`partition_result`) and fingerprint: the driver keeps each as a done-marker, as it keeps shards.
 A filter that scores every document with a model and keeps by threshold or top fraction per
 language subclasses `ScoreFilter` (quipu.tasks.score_filter).
 """
@@ -160,6 +163,25 @@ class StageLayout:
         return sorted(dirs)
 
 
+class StoredFile(BaseModel):
+    """A file a phase wrote, with its content hash: a rerun reuses the phase only if it is intact."""
+    path: str
+    sha256: str
+
+
+class PhaseResult(BaseModel):
+    """The typed result of a scan or a plan partition that is worth keeping across a kill (dedup's
+    signatures and verified pairs): the driver stores it as a done-marker, as it does a shard's
+    `ShardResult`, and reuses it when its fingerprint matches and every file it names is intact."""
+    fingerprint: str = ""      # set by the driver: what the result depends on
+    files: dict[str, StoredFile] = Field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: bool = False      # reused from an earlier run (not stored in the marker)
+
+    def outputs(self) -> list[StoredFile]:
+        return list(self.files.values())
+
+
 @dataclass
 class Outcome:
     kept: pa.Table
@@ -196,6 +218,19 @@ class Stage:
     def scan(self, shard: Shard) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
+    # A stage whose scan or plan partitions cost much gives their `PhaseResult` type here and their
+    # fingerprint below: the driver then keeps each one as a done-marker and a rerun reuses it.
+    scan_result: ClassVar[type[PhaseResult] | None] = None
+    partition_result: ClassVar[type[PhaseResult] | None] = None
+
+    def scan_fingerprint(self, shard: Shard) -> str:  # pragma: no cover - interface
+        """What a shard's scan depends on (with `scan_result` set)."""
+        raise NotImplementedError
+
+    def partition_fingerprint(self, partition: Any) -> str:  # pragma: no cover - interface
+        """What a plan partition's result depends on (with `partition_result` set)."""
+        raise NotImplementedError
+
     def plan(self, scans: list | None) -> Any:
         return None
 
@@ -219,10 +254,10 @@ class Stage:
     def fingerprint(self, shard_plan: Any) -> dict:
         return {}
 
-    def commit(self, scans: list | None, plan: Any) -> dict | None:
+    def commit(self, scans: list | None, plan: Any) -> Any:
         return None
 
-    def finalize(self, stats: dict, scans: list | None, plan: Any, committed: dict | None) -> dict:
+    def finalize(self, stats: dict, scans: list | None, plan: Any, committed: Any) -> dict:
         return stats
 
     def code_version(self) -> str:

@@ -1,9 +1,13 @@
 """The layout rules of README's Architecture section, checked on the source (AST), so that a change
 that breaks one fails here: Prefect only in flows/, no import cycle, only `quipu.*` imports, nothing
-named `flows` or `tasks` installed, and one config block per stage of the pipeline definition."""
+named `flows` or `tasks` installed, one config block per stage of the pipeline definition, nothing
+below flows/ imports the pipeline definition, and every `python -m` / `torchrun -m` command the
+docs show names a module that exists once installed."""
 from __future__ import annotations
 
 import ast
+import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -116,3 +120,63 @@ def test_every_stage_has_its_config_block():
     for s in STAGES:
         assert CurateConfig.model_fields[s.name].annotation is s.Config
         assert s.Config().batch_rows > 0 and hasattr(s.Config(), "enabled")
+
+
+# ---- the pipeline definition is the top of tasks/ --------------------------------------------
+
+PIPELINE = "quipu.tasks.pipeline"
+# tasks/pipeline.py lists the stages; the driver and every stage get a stage from the reference
+# they are handed, so a stage that is not listed there still runs and the driver is testable alone
+PIPELINE_IMPORTS_TO_REMOVE = {"quipu.tasks.driver", "quipu.tasks.extract"}   # removed when issue-33a lands
+
+
+def pipeline_importers(graph: dict[str, set[str]]) -> set[str]:
+    """Modules of tasks/, trainer/, catalog/ that import the pipeline definition (flows/ and demo/
+    compose the pipeline: they may)."""
+    return {m for m, deps in graph.items() if PIPELINE in deps and m.split(".")[1] in ("tasks", "trainer", "catalog")}
+
+
+def test_nothing_below_flows_imports_the_pipeline():
+    assert sorted(pipeline_importers(import_graph()) - PIPELINE_IMPORTS_TO_REMOVE) == []
+
+
+def test_a_pipeline_import_below_flows_is_found():
+    graph = {"quipu.tasks.dedup": {PIPELINE}, "quipu.flows.curate": {PIPELINE}, PIPELINE: {"quipu.tasks.dedup"}}
+    assert pipeline_importers(graph) == {"quipu.tasks.dedup"}
+
+
+# ---- module commands in the docs ---------------------------------------------------------------
+
+MODULE_COMMAND = re.compile(r"\b(?:python[\d.]*|torchrun)\b[^\n`|\"']*?\s-m\s+([A-Za-z_][\w.]*)")
+
+
+def module_commands(text: str) -> list[str]:
+    """The module of every `python -m X` / `torchrun [options] -m X` in `text`."""
+    return [m.group(1).rstrip(".") for m in MODULE_COMMAND.finditer(text)]
+
+
+def missing_modules(names: list[str], cwd: Path) -> list[str]:
+    """The names no installed module answers to, looked up (`find_spec`: the module is not run)
+    from `cwd`, a folder outside the checkout, as a user's shell would."""
+    code = ("import importlib.util, json, sys\n"
+            "def found(n):\n"
+            "    try:\n        return importlib.util.find_spec(n) is not None\n"
+            "    except ImportError:\n        return False\n"
+            "print(json.dumps([n for n in sys.argv[1:] if not found(n)]))")
+    out = subprocess.run([sys.executable, "-c", code, *names], cwd=cwd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_every_module_command_in_the_docs_names_an_installed_module(tmp_path):
+    sources = [ROOT / "README.md", *modules().values(), *sorted((ROOT / "bench").glob("*.py"))]
+    found = {(str(p.relative_to(ROOT)), n) for p in sources for n in module_commands(p.read_text())}
+    assert any(n == "quipu.flows.train_dist" for _, n in found)    # the scan sees README's torchrun lines
+    missing = set(missing_modules(sorted({n for _, n in found}), tmp_path))
+    assert sorted((p, n) for p, n in found if n in missing) == []
+
+
+def test_a_command_naming_a_checkout_folder_is_found(tmp_path):
+    """`-m flows.train_dist` works in the checkout only: outside it, no module answers."""
+    text = "run `torchrun --nproc_per_node 2 -m flows.train_dist CONFIG` or\n    python3 -m quipu.flows.cli curate"
+    assert module_commands(text) == ["flows.train_dist", "quipu.flows.cli"]
+    assert missing_modules(module_commands(text), tmp_path) == ["flows.train_dist"]

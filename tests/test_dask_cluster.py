@@ -109,5 +109,5 @@ def test_curate_on_dask_cluster_matches_threads(prefect_server, shared_data, tmp
     assert len([k for k in outputs["threads"] if k.startswith("dedup/kept")]) >= 2
     assert outputs["threads"] == outputs["dask"]
     ran_in = [json.loads(p.read_text())["ran_in"]["pid"]
-              for p in sorted((tmp_path / "dask" / "dedup" / "_plan").glob("part-*.json"))]
+              for p in sorted((tmp_path / "dask" / "dedup" / "_shards" / "partitions").glob("*.json"))]
     assert len(ran_in) == 4 and set(ran_in) <= worker_pids and os.getpid() not in ran_in

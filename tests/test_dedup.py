@@ -398,6 +398,30 @@ def test_kill_during_dedup_then_rerun(tmp_path, kill_reference, backend, point, 
     assert sorted(open_index(cfg, RunContext(str(tmp_path / "observer"))).doc_ids()) == sorted(a_kept + kept_ids(tmp_path / "run-b"))
 
 
+def test_a_rerun_reuses_intact_signatures_and_verified_pairs(tmp_path, monkeypatch):
+    """The driver keeps dedup's scans and plan partitions as done-markers: a rerun hashes nothing
+    again, and one whose signature file was damaged hashes that shard alone again."""
+    import quipu.tasks.dedup as dedup
+    rows = [{"id": f"d{i}", "text": " ".join(f"w{(i * 7 + j * j) % 61}" for j in range(40))} for i in range(40)]
+    rows.append({"id": "copy", "text": rows[3]["text"]})
+    shards = write_shards(rows, tmp_path / "in", 2)
+    cfg, run = cfg_for(tmp_path, "none", "reuse", partitions=3), tmp_path / "run"
+    dedup_local(shards, str(run), cfg)
+    first = removed_rows(run)
+    assert ("copy", "exact_dup", "d3") in {(r["id"], r["reason"], r["dup_of"]) for r in first}
+    markers = run / "dedup" / "_shards"
+    assert len(list((markers / "scans").glob("*.json"))) == 2 and len(list((markers / "partitions").glob("*.json"))) == 3
+    calls = []
+    for name in ("compute_signatures", "verify_partition"):
+        real = getattr(dedup, name)
+        monkeypatch.setattr(dedup, name, lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
+    dedup_local(shards, str(run), cfg)
+    assert calls == []
+    (run / "dedup" / "_sig" / f"{shards[0].name}.sig.npy").write_bytes(b"damaged")
+    dedup_local(shards, str(run), cfg)
+    assert calls == ["compute_signatures"] and removed_rows(run) == first
+
+
 # ---- policy and determinism -------------------------------------------------------------------
 
 def test_quality_policy_keeps_best_and_output_is_deterministic(shared_data, tmp_path):

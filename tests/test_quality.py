@@ -13,7 +13,7 @@ import pytest
 from quipu.catalog.files import read_json, sha256_file
 from quipu.flows.config import load_config, read_yaml
 from quipu.tasks.quality import QualityConfig, QualityFilter
-from quipu.tasks.score_filter import Cutoff, compute_cutoffs
+from quipu.tasks.score_filter import Cutoff, top_fraction_cutoffs
 from quipu.trainer.models import QUALITY_KIND, ModelNotFound, resolve_model as resolve
 from quipu.trainer.quality_model import Normalization, QualityModelError, load_quality_model, normalize_text
 
@@ -71,7 +71,7 @@ def test_cutoffs_keep_exactly_the_top_fraction_with_ties():
     cfg = QualityConfig(enabled=True, keep="top_fraction", top_fraction=0.1, top_fraction_per_language={"es": 0.5})
     scored = {"en": [(0.5, f"d{i:03d}") for i in range(95)] + [(0.9, "z1"), (0.1, "z2"), (0.5, "a0"), (0.7, "b"), (0.5, "c")],
               "es": [(0.3, "x"), (0.3, "y"), (0.3, "w")], "pt": [(0.2, "only")]}
-    cut = compute_cutoffs(scored, cfg)
+    cut = top_fraction_cutoffs(scored, cfg)
     for lang, pairs in scored.items():
         kept = [i for s, i in pairs if cut[lang].keeps(s, i)]
         assert len(kept) == math.ceil(cfg.fraction(lang) * len(pairs)), lang
@@ -188,7 +188,7 @@ def test_quality_filter_top_fraction_is_exact_across_shards(shared_data, shared_
         scored.setdefault(lang, []).append((s, i))
     stage = QualityFilter(cfg)
     stage.model = model
-    cutoffs = compute_cutoffs(scored, cfg)
+    cutoffs = top_fraction_cutoffs(scored, cfg)
     outs = [stage.process(table.slice(0, 57), cutoffs), stage.process(table.slice(57), cutoffs)]   # two "shards"
     kept = pa.concat_tables([o.kept for o in outs])
     assert kept.num_rows + sum(o.removed.num_rows for o in outs) == table.num_rows
