@@ -127,9 +127,6 @@ def test_every_stage_has_its_config_block():
 PIPELINE = "quipu.tasks.pipeline"
 # tasks/pipeline.py lists the stages; the driver and every stage get a stage from the reference
 # they are handed, so a stage that is not listed there still runs and the driver is testable alone
-PIPELINE_IMPORTS_TO_REMOVE = {"quipu.tasks.driver", "quipu.tasks.extract"}   # removed when issue-33a lands
-
-
 def pipeline_importers(graph: dict[str, set[str]]) -> set[str]:
     """Modules of tasks/, trainer/, catalog/ that import the pipeline definition (flows/ and demo/
     compose the pipeline: they may)."""
@@ -137,7 +134,7 @@ def pipeline_importers(graph: dict[str, set[str]]) -> set[str]:
 
 
 def test_nothing_below_flows_imports_the_pipeline():
-    assert sorted(pipeline_importers(import_graph()) - PIPELINE_IMPORTS_TO_REMOVE) == []
+    assert sorted(pipeline_importers(import_graph())) == []
 
 
 def test_a_pipeline_import_below_flows_is_found():
