@@ -17,7 +17,8 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import sha256_file, write_json_atomic
 from quipu.flows.run_names import output_name
 from quipu.flows.runners import failed_run, flow_run_id
-from quipu.trainer.classifier_train import ClassifierTrainConfig, eval_markdown, evaluate_file, prepare_data, train_model
+from quipu.trainer.classifier_train import (ClassifierTrainConfig, eval_markdown, evaluate_file, model_meta,
+                                            prepare_data, train_model)
 from quipu.trainer.fasttext_classifier import model_sidecar
 
 
@@ -57,12 +58,7 @@ def _quality_train(config: ClassifierTrainConfig) -> dict:
         log.info("training examples: %d, validation: %d, groups: %s", s["train"], s["valid"],
                  {g: v["per_class"] for g, v in s["groups"].items()})
         model_path = str(out / "model.bin")
-        # the sidecar first: the evaluation loads the model through the stage's loader, which reads it
-        meta = {"kind": config.kind, "positive_label": config.positive_label, "negative_label": config.negative_label,
-                "normalization": config.normalization.model_dump(), "fasttext": config.fasttext.model_dump(),
-                "seed": config.seed, "training_data_fingerprint": data["fingerprint"], "data": s,
-                "sources": {"positive": [x.describe() for x in config.positive],
-                            "negative": [x.describe() for x in config.negative]}}
+        meta = model_meta(config, data)   # the sidecar first: the evaluation's loader reads it
         write_json_atomic(model_sidecar(model_path), meta)
         train_fasttext(data["train"], config.fasttext, config.seed, model_path)
         ev = evaluate_task(model_path, data["valid"], config.threshold)

@@ -1,10 +1,12 @@
 """The pipeline definition: every stage after extract, in the order documents flow through them.
 
 A stage's config block in the curate config is named as the stage (`Stage.name`) and typed by its
-`Stage.Config`, so adding a stage is adding its class here.
+`Stage.Config`, so adding a stage is adding its class here; a fastText classifier stage needs not
+even that: its module in tasks/classifiers/ is found there and runs after `quality`.
 """
 from __future__ import annotations
 
+from quipu.tasks import classifiers
 from quipu.tasks.bad_words import BadWordsFilter
 from quipu.tasks.decontam import Decontaminate
 from quipu.tasks.dedup import DedupStage
@@ -27,6 +29,7 @@ STAGES: list[type[Stage]] = [
     HeuristicFilters,
     TerminalPunctFilter,
     QualityFilter,
+    *classifiers.stages(),   # tasks/classifiers/: every other fastText classifier
     DedupStage,          # global: signatures, plan, split, commit
     Decontaminate,
     PiiRedaction,        # edits kept text only: nothing after it sees personal data

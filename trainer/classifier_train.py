@@ -248,6 +248,16 @@ def eval_markdown(ev: dict, model_path: str, stats: dict, kind: str = QUALITY_KI
 
 # ---- flow steps -------------------------------------------------------------------------------
 
+def model_meta(cfg: ClassifierTrainConfig, data: dict) -> dict:
+    """The model's sidecar (`model.json`): kind, labels and normalisation the loader reads, and
+    what it was trained on. Written before training: the evaluation loads the model through it."""
+    return {"kind": cfg.kind, "positive_label": cfg.positive_label, "negative_label": cfg.negative_label,
+            "normalization": cfg.normalization.model_dump(), "fasttext": cfg.fasttext.model_dump(),
+            "seed": cfg.seed, "training_data_fingerprint": data["fingerprint"], "data": data["stats"],
+            "sources": {"positive": [x.describe() for x in cfg.positive],
+                        "negative": [x.describe() for x in cfg.negative]}}
+
+
 def prepare_data(cfg: ClassifierTrainConfig, out_dir: str) -> dict:
     """Read the sources and write `train.txt` (fastText lines) and `valid.jsonl`; returns paths and counts."""
     counts: dict = {}
