@@ -261,6 +261,27 @@ def test_cli_train_source_errors_name_the_source(tmp_path, capsys):
     assert "fasttext.dimm" in capsys.readouterr().err
 
 
+def test_one_text_source_reads_what_every_trainer_reads(tmp_path):
+    """trainer/text_source.py: `where` (one value or a list, a top-level field or a key of a curate
+    run's `metadata` JSON), `reasons`, `lang`, `limit`, unreadable lines counted; `read_documents`
+    (distillation, KenLM) filters by language and length over sorted, de-duplicated globs."""
+    from quipu.trainer.text_source import SourceError, TextSource, read_documents, read_source
+    rows = [{"id": "a", "text": "alpha one", "lang": "en", "label": "x"},
+            {"id": "b", "text": "beta", "lang": "es", "metadata": json.dumps({"label": "y"}), "reason": "heuristics:short"},
+            {"id": "c", "text": "gamma three", "lang": "pt", "label": "z", "reason": "quality<0.50"}]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
+    ids = lambda docs: [d["id"] for d in docs]
+    counts: dict = {}
+    assert ids(read_source(TextSource(path=str(f), where={"label": ["x", "y"]}), counts)) == ["a", "b"]
+    assert counts == {"unreadable": 1}
+    assert ids(read_source(TextSource(path=str(f), reasons=["heuristics"]))) == ["b"]
+    assert [d["lang"] for d in read_source(TextSource(path=str(tmp_path), lang="en", limit=2))] == ["en", "en"]
+    with pytest.raises(SourceError, match="yielded no documents"):
+        read_source(TextSource(path=str(f), where={"label": "none"}))
+    assert ids(read_documents([str(f), str(tmp_path / "*.jsonl")], ["en", "pt"], min_chars=10)) == ["c"]
+
+
 @pytest.mark.slow
 def test_cli_train_registers_a_model(shared_data, tmp_path, prefect_server):
     from tests.conftest import run_quipu
