@@ -28,7 +28,7 @@ import random
 import warnings
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.catalog.errors import UserError
 from quipu.tasks.stage import snippet
@@ -65,8 +65,9 @@ class ClassifierTrainConfig(BaseModel):
     negative: list[TextSource] = Field(..., min_length=1, description="sources of negative examples (label `negative_label`)")
     positive_label: str = Field(POSITIVE, pattern=r"^[A-Za-z0-9_-]+$", description="label whose probability is the score")
     negative_label: str = Field(NEGATIVE, pattern=r"^[A-Za-z0-9_-]+$")
-    output: str = Field("runs/quality", description="directory for model.bin, model.json, eval.json, train/valid data")
-    name: str = Field("quality-fasttext", description="catalog name of the model")
+    output: str | None = Field(None, description="directory for model.bin, model.json, eval.json, train/valid data "
+                                                 "(default runs/<what> for kind <what>-fasttext)")
+    name: str | None = Field(None, description="catalog name of the model (default: the kind)")
     languages: list[str] | None = Field(None, description="use only documents in these languages")
     per_language: bool = Field(True, description="balance the classes within each language")
     max_per_class: int | None = Field(None, gt=0, description="cap on examples per class (per language with per_language)")
@@ -76,7 +77,7 @@ class ClassifierTrainConfig(BaseModel):
     threshold: float = Field(0.5, ge=0, le=1, description="decision threshold for precision/recall/F1")
     normalization: Normalization = Normalization()
     fasttext: FastTextParams = FastTextParams()
-    artifact_key: str = Field("quality-train-eval", pattern=r"^[a-z0-9-]+$")
+    artifact_key: str | None = Field(None, pattern=r"^[a-z0-9-]+$", description="default <what>-train-eval")
 
     @field_validator("negative_label")
     @classmethod
@@ -84,6 +85,14 @@ class ClassifierTrainConfig(BaseModel):
         if v == info.data.get("positive_label"):
             raise ValueError(f"{v!r} is also the positive_label: the two classes need two labels")
         return v
+
+    @model_validator(mode="after")
+    def _defaults_from_kind(self):
+        what = self.kind.removesuffix("-fasttext")   # quality: runs/quality, quality-fasttext, quality-train-eval
+        self.output = self.output or f"runs/{what}"
+        self.name = self.name or self.kind
+        self.artifact_key = self.artifact_key or f"{what}-train-eval"
+        return self
 
     @field_validator("positive", "negative", mode="before")
     @classmethod
