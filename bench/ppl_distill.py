@@ -60,7 +60,7 @@ def fold_files(rows: list[dict], rounds: int, out: Path) -> list[int]:
 
 def pooled(pred_files: list[Path]) -> dict:
     """Spearman and bucket agreement over the pooled out-of-fold predictions."""
-    from quipu.flows.ppl import bucket_agreement
+    from quipu.trainer.ppl_eval import bucket_agreement
     from quipu.trainer.wayra_train import pearson, spearman
     rows = [json.loads(line) for f in pred_files for line in f.open()]
     t, p = [r["teacher"] for r in rows], [r["student"] for r in rows]

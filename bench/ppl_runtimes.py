@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from quipu.flows.ppl import TeacherConfig, load_teacher
+from quipu.trainer.teacher import TeacherConfig, load_teacher
 from quipu.trainer.wayra import WayraStudent, length_batches, pad_batch
 from quipu.trainer.wayra_train import spearman
 

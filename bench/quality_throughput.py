@@ -6,7 +6,7 @@ bench/out/quality-model/ unless --model is given. Documents: every en/es/pt docu
 ../shared/data/text (~14.8k, ~26 MB).
 
 - ours: `QualityFilter.process` over Arrow batches of 2,000 (normalisation, one `multilinePredict`
-  call per batch, the keep decision, the kept/removed split), and `QualityModel.score` alone.
+  call per batch, the keep decision, the kept/removed split), and `FastTextClassifier.score` alone.
 - datatrove 0.10.1: `FastTextClassifierFilter(model_url=<our local .bin>, keep_labels=("hq", 0.5),
   newline_replacement=" ")`, `.filter(doc)` per document, as its pipeline calls it. It copies the
   local file into its asset cache (HF_HOME pointed at a temporary directory: nothing is downloaded).
@@ -38,15 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from quipu.catalog.files import write_json_atomic  # noqa: E402
-from quipu.tasks.quality import QualityConfig, QualityFilter, load_quality_model, normalize_text  # noqa: E402
+from quipu.tasks.quality import QualityConfig, QualityFilter  # noqa: E402
+from quipu.trainer.fasttext_classifier import load_classifier, model_sidecar, normalize_text  # noqa: E402
 
 
 def train_bench_model(shared: Path, out: Path) -> str:
     """The shared-text classifier, trained without Prefect (same functions as the flow)."""
     from quipu.flows.config import load_config, read_yaml
-    from quipu.flows.quality_train import QualityTrainConfig, prepare_data, train_model
+    from quipu.trainer.classifier_train import ClassifierTrainConfig, prepare_data, train_model
     from quipu.catalog.files import write_json_atomic as wj
-    from quipu.tasks.quality import model_sidecar
     model = out / "model.bin"
     if model.is_file():
         return str(model)
@@ -55,8 +55,8 @@ def train_bench_model(shared: Path, out: Path) -> str:
         for src in raw[side]:
             src["path"] = src["path"].replace("../shared/data", str(shared))
     raw["output"] = str(out)
-    cfg = load_config(QualityTrainConfig, data=raw)
-    data = prepare_data.fn(cfg, str(out))
+    cfg = load_config(ClassifierTrainConfig, data=raw)
+    data = prepare_data(cfg, str(out))
     wj(model_sidecar(model), {"positive_label": "hq", "normalization": cfg.normalization.model_dump()})
     return train_model(data["train"], cfg.fasttext, cfg.seed, str(model))
 
@@ -121,7 +121,7 @@ def main() -> int:
     model_path = args.model or train_bench_model(shared, out_dir / "quality-model")
     docs = load_docs(shared)
     mb = sum(len(t.encode()) for t in docs.column("text").to_pylist()) / 1e6
-    model = load_quality_model(model_path)
+    model = load_classifier(model_path)
     stage = QualityFilter(QualityConfig(enabled=True, threshold=0.5), model)
 
     os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="dt-assets-")   # datatrove's asset cache: a copy of our file

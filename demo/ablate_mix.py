@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from quipu.catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
 from quipu.demo.corpus import Doc, DocumentPlan, JsonlPackager, PageRenderer, Site, WarcPackager, slug
 from quipu.demo.sources import Block
-from quipu.trainer.bpb import TextSource, read_documents
+from quipu.trainer.text_source import TextSource, read_source
 
 MIX_VERSION = 1
 MANIFEST = "manifest.json"
@@ -78,7 +78,7 @@ def plan_documents(cfg: RawMixConfig) -> list[Doc]:
     rng = random.Random(cfg.seed)
     articles: list[Doc] = []
     for src in cfg.text:
-        recs = read_documents(src)
+        recs = [d for d in read_source(src) if d["text"].strip()]
         k = max(1, round(len(recs) * cfg.scale))
         picked = sorted(rng.sample(range(len(recs)), min(k, len(recs))))
         articles += [_article(recs[i], src, i) for i in picked]

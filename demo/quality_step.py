@@ -20,7 +20,7 @@ def quality_train_step(ctx) -> None:
     from quipu.flows.config import load_config
     from quipu.flows.curate import STAGES, CurateConfig, curate
     from quipu.demo.corpus import built_corpus
-    from quipu.flows.quality_train import QualityTrainConfig, quality_train
+    from quipu.flows.quality_train import ClassifierTrainConfig, quality_train
     from quipu.flows.runners import make_task_runner
 
     inputs = ctx.inputs or built_corpus(ctx.data_dir, ctx.scale) or []
@@ -39,7 +39,7 @@ def quality_train_step(ctx) -> None:
 
     run = Path(ctx.run_dir).resolve()
     out = run.parent / f"{run.name}-quality"
-    qcfg = load_config(QualityTrainConfig, str(QUALITY_DEMO_CONFIG),
+    qcfg = load_config(ClassifierTrainConfig, str(QUALITY_DEMO_CONFIG),
                        [f"positive=[{run / 'heuristics' / 'kept'}]", f"negative=[{run / 'heuristics' / 'removed'}]",
                         f"output={out}"])
     summary = quality_train(qcfg)

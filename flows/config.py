@@ -166,7 +166,7 @@ def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) ->
 CONFIG_MODELS = {
     "curate": "quipu.flows.curate_config:CurateConfig",
     "train": "quipu.trainer.train:TrainConfig",
-    "quality": "quipu.trainer.quality_train:QualityTrainConfig",
+    "quality": "quipu.trainer.classifier_train:ClassifierTrainConfig",
     "ppl": "quipu.flows.ppl:PplConfig",
     "kenlm": "quipu.flows.ppl:KenLMTrainConfig",
     "watch": "quipu.flows.watch:WatchConfig",

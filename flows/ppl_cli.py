@@ -39,7 +39,8 @@ def cmd_ppl_distill(args) -> int:
 
 
 def cmd_ppl_eval(args) -> int:
-    from quipu.flows.ppl import TeacherConfig, evaluate, student_window
+    from quipu.trainer.ppl_eval import evaluate, student_window
+    from quipu.trainer.teacher import TeacherConfig
     # the teacher window the student was distilled on, unless asked otherwise (a document-head student
     # of an older format names none: 512 then, the teacher's default)
     max_tokens = args.max_tokens or student_window(args.student) or 512

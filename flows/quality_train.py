@@ -1,7 +1,9 @@
-"""The `quality-train` flow: train, evaluate and register the fastText quality classifier that the
-`quality` stage applies. The steps are in quipu.trainer.quality_train; this flow runs them as
+"""The `quality-train` flow: train, evaluate and register a fastText classifier of the family
+(quipu.trainer.fasttext_classifier): the quality classifier the `quality` stage applies, or any other
+kind the config names. The steps are in quipu.trainer.classifier_train; this flow runs them as
 Prefect tasks, writes `eval.json`, registers `model.bin` with its config, training-data fingerprint
-and evaluation in the catalog (kind `quality-fasttext`), and shows the evaluation as an artifact.
+and evaluation in the catalog (as the config's `kind`, `quality-fasttext` by default), and shows the
+evaluation as an artifact.
 """
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import sha256_file, write_json_atomic
 from quipu.flows.run_names import output_name
 from quipu.flows.runners import failed_run, flow_run_id
-from quipu.trainer.models import QUALITY_KIND as MODEL_KIND
-from quipu.trainer.quality_model import NEGATIVE, POSITIVE, model_sidecar
-from quipu.trainer.quality_train import QualityTrainConfig, eval_markdown, evaluate_file, prepare_data, train_model
+from quipu.trainer.classifier_train import (ClassifierTrainConfig, eval_markdown, evaluate_file, model_meta,
+                                            prepare_data, train_model)
+from quipu.trainer.fasttext_classifier import model_sidecar
 
 
 @task(name="quality-train-data")
-def prepare_data_task(cfg: QualityTrainConfig, out_dir: str) -> dict:
+def prepare_data_task(cfg: ClassifierTrainConfig, out_dir: str) -> dict:
     return prepare_data(cfg, out_dir)
 
 
@@ -36,14 +38,14 @@ def evaluate_task(model_path: str, valid_path: str, threshold: float) -> dict:
 
 
 @flow(name="quality-train", flow_run_name=output_name("quality-train"), log_prints=True, persist_result=False)
-def quality_train(config: QualityTrainConfig) -> dict:
+def quality_train(config: ClassifierTrainConfig) -> dict:
     try:
         return _quality_train(config)
     except (UserError, FileNotFoundError) as e:   # on a worker: one ERROR line with the fix, no traceback
         return failed_run(e)
 
 
-def _quality_train(config: QualityTrainConfig) -> dict:
+def _quality_train(config: ClassifierTrainConfig) -> dict:
     log = get_run_logger()
     t0 = time.perf_counter()
     out = Path(config.output).resolve()
@@ -56,12 +58,7 @@ def _quality_train(config: QualityTrainConfig) -> dict:
         log.info("training examples: %d, validation: %d, groups: %s", s["train"], s["valid"],
                  {g: v["per_class"] for g, v in s["groups"].items()})
         model_path = str(out / "model.bin")
-        # the sidecar first: the evaluation loads the model through the stage's loader, which reads it
-        meta = {"kind": MODEL_KIND, "positive_label": POSITIVE, "negative_label": NEGATIVE,
-                "normalization": config.normalization.model_dump(), "fasttext": config.fasttext.model_dump(),
-                "seed": config.seed, "training_data_fingerprint": data["fingerprint"], "data": s,
-                "sources": {"positive": [x.describe() for x in config.positive],
-                            "negative": [x.describe() for x in config.negative]}}
+        meta = model_meta(config, data)   # the sidecar first: the evaluation's loader reads it
         write_json_atomic(model_sidecar(model_path), meta)
         train_fasttext(data["train"], config.fasttext, config.seed, model_path)
         ev = evaluate_task(model_path, data["valid"], config.threshold)
@@ -69,14 +66,14 @@ def _quality_train(config: QualityTrainConfig) -> dict:
         ev["training_data_fingerprint"] = data["fingerprint"]
         write_json_atomic(out / "eval.json", ev)
         model_id = registry.register_model(
-            config.name, MODEL_KIND, model_path, config={**meta, "train_config": cfg_json},
+            config.name, config.kind, model_path, config={**meta, "train_config": cfg_json},
             metrics={k: ev[k] for k in ("n", "roc_auc", "precision", "recall", "f1", "accuracy", "threshold")}
             | {"per_language": {k: v["roc_auc"] for k, v in ev["per_language"].items()}},
             fingerprint=data["fingerprint"], run_id=run_id)
         try:
             from prefect.artifacts import create_markdown_artifact
-            create_markdown_artifact(key=config.artifact_key, markdown=eval_markdown(ev, model_path, s),
-                                     description=f"Quality classifier evaluation ({config.name})")
+            create_markdown_artifact(key=config.artifact_key, markdown=eval_markdown(ev, model_path, s, config.kind),
+                                     description=f"Classifier evaluation ({config.name}, {config.kind})")
         except Exception as e:   # no API to publish to: the eval.json is the record
             log.warning("could not publish the evaluation artifact: %s", e)
     except BaseException:

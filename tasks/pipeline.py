@@ -1,9 +1,10 @@
 """The pipeline definition: every stage after extract, in the order documents flow through them.
 
 A stage's config block in the curate config is named as the stage (`Stage.name`) and typed by its
-`Stage.Config`, so adding a stage is adding its class here. This is the one list of stages: the
-driver runs whatever `StageRef`s it is given, and nothing in tasks/, trainer/ or catalog/ imports
-this module (flows and tests do).
+`Stage.Config`, so adding a stage is adding its class here; a fastText classifier stage needs not
+even that: its module in tasks/classifiers/ is found there and runs after `quality`. This is the one
+list of stages: the driver runs whatever `StageRef`s it is given, and nothing in tasks/, trainer/ or
+catalog/ imports this module (flows and tests do).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from quipu.tasks import classifiers
 from quipu.tasks.bad_words import BadWordsFilter
 from quipu.tasks.decontam import Decontaminate
 from quipu.tasks.dedup import DedupStage
@@ -34,6 +36,7 @@ STAGES: list[type[Stage]] = [
     HeuristicFilters,
     TerminalPunctFilter,
     QualityFilter,
+    *classifiers.stages(),   # tasks/classifiers/: every other fastText classifier
     DedupStage,          # global: signatures, plan, split, commit
     Decontaminate,
     PiiRedaction,        # edits kept text only: nothing after it sees personal data

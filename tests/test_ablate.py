@@ -95,9 +95,9 @@ def test_exported_models_bpb_matches_transformers(tiny_ablation):
         from quipu.flows.ablate import AblateConfig
         from quipu.flows.config import load_config
         cfg = load_config(AblateConfig, DEMO)
-        from quipu.trainer.bpb import read_documents
+        from quipu.trainer.text_source import read_source
         for src in cfg.heldout.sources:
-            for rec in read_documents(src):
+            for rec in read_source(src):
                 texts[(src.label(), str(rec["id"]))] = rec["text"]
         docs = [(d["lang"], texts[(d["source"], d["id"])]) for d in scored]
         ours = _bpb_with_transformers(Path(run["hf"]), docs, seq_len)

@@ -253,14 +253,14 @@ def tiny_models(tmp_path_factory, prefect_server) -> dict:
     """A fastText quality classifier (the quality-train flow, light settings) and a tiny Wayra
     student (trainer.wayra.distill on a learnable stand-in label, as tests/test_perplexity.py does)."""
     from quipu.flows.config import load_config
-    from quipu.flows.quality_train import QualityTrainConfig, quality_train
+    from quipu.flows.quality_train import ClassifierTrainConfig, quality_train
     from quipu.trainer.wayra import WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill
 
     base = tmp_path_factory.mktemp("fault-models")
     pos = write_jsonl(base / "pos.jsonl", make_docs(80, seed=70))
     neg = write_jsonl(base / "neg.jsonl", _word_salad(80, seed=71))
-    cfg = load_config(QualityTrainConfig, data={
+    cfg = load_config(ClassifierTrainConfig, data={
         "positive": [str(pos)], "negative": [str(neg)], "output": str(base / "quality"), "name": "fault-suite-quality",
         "per_language": False, "fasttext": {"dim": 16, "epoch": 5, "bucket": 20000, "minCount": 1, "thread": 1}})
     quality = quality_train(cfg)["model"]

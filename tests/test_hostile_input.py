@@ -490,7 +490,7 @@ def small_quality_model(tmp_path_factory) -> Path:
     """A tiny fastText classifier trained here on the probe texts (0.3 s)."""
     import random
     from quipu.trainer.model_files import PROBE
-    from quipu.trainer.quality_train import FastTextParams, train_model
+    from quipu.trainer.classifier_train import FastTextParams, train_model
     d = tmp_path_factory.mktemp("ftmodel")
     rng = random.Random(0)
     with open(d / "train.txt", "w") as f:
@@ -519,7 +519,7 @@ def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in
     against the file before the native loader sees it: one error naming the file."""
     import struct
     from quipu.trainer.model_files import fasttext_problem
-    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    from quipu.trainer.fasttext_classifier import ClassifierModelError, load_classifier
     data = small_quality_model.read_bytes()
     assert fasttext_problem(str(small_quality_model)) is None
     from quipu.tasks.langid import default_model_path
@@ -530,28 +530,28 @@ def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in
         struct.pack_into("<q" if name == "input rows" else "<i", bad, offset, value)
         path = tmp_path / f"{name.replace(' ', '_')}.bin"
         path.write_bytes(bytes(bad))
-        with pytest.raises(QualityModelError, match=f"{path}: ") as e:
-            load_quality_model(str(path), "hq")
+        with pytest.raises(ClassifierModelError, match=f"{path}: ") as e:
+            load_classifier(str(path), "hq")
         assert "\n" not in str(e.value), name
     cut = tmp_path / "cut.bin"
     cut.write_bytes(data[: len(data) * 6 // 10])
-    with pytest.raises(QualityModelError, match=f"{cut}: truncated"):
-        load_quality_model(str(cut), "hq")
+    with pytest.raises(ClassifierModelError, match=f"{cut}: truncated"):
+        load_classifier(str(cut), "hq")
 
 
 def test_quality_model_with_constant_scores_fails_the_precheck(tmp_path, small_quality_model):
     """A consistent file whose weights say nothing (here the input vectors zeroed: every text gets
     the same score) would keep or remove everything alike; the probe set catches it."""
-    from quipu.trainer.quality_model import QualityModelError, load_quality_model
+    from quipu.trainer.fasttext_classifier import ClassifierModelError, load_classifier
     lay = _layout(small_quality_model)
     data = bytearray(small_quality_model.read_bytes())
     m, n = struct_unpack_qq(data, lay["input_mn"])
     data[lay["input_data"]: lay["input_data"] + m * n * 4] = bytes(m * n * 4)
     flat = tmp_path / "flat.bin"
     flat.write_bytes(bytes(data))
-    with pytest.raises(QualityModelError, match=f"quality model {flat} gives every probe text the same score"):
-        load_quality_model(str(flat), "hq")
-    assert load_quality_model(str(small_quality_model), "hq").score(["a fine sentence."])   # the real one loads
+    with pytest.raises(ClassifierModelError, match=f"classifier model {flat} gives every probe text the same score"):
+        load_classifier(str(flat), "hq")
+    assert load_classifier(str(small_quality_model), "hq").score(["a fine sentence."])   # the real one loads
 
 
 def struct_unpack_qq(data, offset):

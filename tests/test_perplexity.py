@@ -399,7 +399,7 @@ def test_device_selection_on_cpu(monkeypatch, tiny_teacher_dir, tiny_student):
 def test_eval_window_defaults_to_the_students_own(tmp_path, tiny_student):
     """`quipu ppl eval` compares with the teacher over the window the student was distilled on."""
     import shutil
-    from quipu.flows.ppl import student_window
+    from quipu.trainer.ppl_eval import student_window
     d = tmp_path / "s"
     shutil.copytree(tiny_student[0], d)
     assert student_window(str(d)) is None                      # document head, no window recorded
@@ -423,7 +423,7 @@ def test_length_batches_cap_documents_and_padded_tokens():
 
 
 def test_bucket_agreement_counts_ccnet_buckets_per_language():
-    from quipu.flows.ppl import bucket_agreement
+    from quipu.trainer.ppl_eval import bucket_agreement
     truth = [float(i) for i in range(10)] * 2
     langs = ["en"] * 10 + ["es"] * 10
     same = bucket_agreement(truth, truth, langs)

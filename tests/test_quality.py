@@ -15,7 +15,7 @@ from quipu.flows.config import load_config, read_yaml
 from quipu.tasks.quality import QualityConfig, QualityFilter
 from quipu.tasks.score_filter import Cutoff, top_fraction_cutoffs
 from quipu.trainer.models import QUALITY_KIND, ModelNotFound, resolve_model as resolve
-from quipu.trainer.quality_model import Normalization, QualityModelError, load_quality_model, normalize_text
+from quipu.trainer.fasttext_classifier import ClassifierModelError, Normalization, load_classifier, normalize_text
 
 
 def resolve_model(ref):
@@ -29,13 +29,13 @@ FAST = ["fasttext.dim=32", "fasttext.epoch=5", "fasttext.bucket=50000", "fasttex
 
 def shared_config(shared_data: Path, out: Path, extra: list[str] = ()):
     """configs/quality/shared-text.yaml with its ../shared/data paths pointed at the fixture's folder."""
-    from quipu.trainer.quality_train import QualityTrainConfig
+    from quipu.trainer.classifier_train import ClassifierTrainConfig
     raw = read_yaml(ROOT / "configs/quality/shared-text.yaml")
     for side in ("positive", "negative"):
         for src in raw[side]:
             src["path"] = src["path"].replace("../shared/data", str(shared_data))
     raw["output"] = str(out)
-    return load_config(QualityTrainConfig, data=raw, overrides=FAST + list(extra))
+    return load_config(ClassifierTrainConfig, data=raw, overrides=FAST + list(extra))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_normalization_is_one_line_of_tokens():
 
 
 def test_roc_auc_matches_pairwise_definition():
-    from quipu.trainer.quality_train import roc_auc
+    from quipu.trainer.classifier_train import roc_auc
     rng = random.Random(3)
     labels = [rng.random() < 0.4 for _ in range(300)]
     scores = [round(rng.random(), 1) for _ in range(300)]     # many ties
@@ -96,16 +96,16 @@ def test_bad_config_names_the_key():
 
 def test_missing_or_corrupt_model_names_the_path(tmp_path):
     missing = tmp_path / "nope.bin"
-    with pytest.raises(QualityModelError, match=str(missing)):
-        load_quality_model(str(missing))
+    with pytest.raises(ClassifierModelError, match=str(missing)):
+        load_classifier(str(missing))
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"not a model at all" * 10)
-    with pytest.raises(QualityModelError, match=str(junk)):
-        load_quality_model(str(junk))
+    with pytest.raises(ClassifierModelError, match=str(junk)):
+        load_classifier(str(junk))
     header_only = tmp_path / "truncated.bin"     # a valid fastText header, then nothing
     header_only.write_bytes((793712314).to_bytes(4, "little") + (12).to_bytes(4, "little") + b"\0" * 16)
-    with pytest.raises(QualityModelError, match=str(header_only)):
-        load_quality_model(str(header_only))
+    with pytest.raises(ClassifierModelError, match=str(header_only)):
+        load_classifier(str(header_only))
     with pytest.raises(ModelNotFound, match="no-such-model"):
         resolve_model("no-such-model")
 
@@ -144,7 +144,7 @@ def test_shared_text_classifier_reaches_auc(shared_model):
 
 @pytest.mark.slow
 def test_training_and_scoring_are_deterministic(shared_data, tmp_path):
-    from quipu.trainer.quality_train import prepare_data, train_model
+    from quipu.trainer.classifier_train import prepare_data, train_model
     shas, scores, prints = [], [], []
     docs = [json.loads(line)["text"] for line in (shared_data / "text/en_ud_ewt_web.jsonl").open()][:200]
     small = [f"positive=[{shared_data}/text/en_nltk_abc_news.jsonl]", f"negative=[{shared_data}/text/en_nltk_webtext.jsonl]",
@@ -156,7 +156,7 @@ def test_training_and_scoring_are_deterministic(shared_data, tmp_path):
         path = train_model(data["train"], cfg.fasttext, cfg.seed, str(tmp_path / run / "model.bin"))
         prints.append(data["fingerprint"])
         shas.append(sha256_file(path))
-        scores.append(load_quality_model(path).score(docs))
+        scores.append(load_classifier(path).score(docs))
     assert prints[0] == prints[1]
     assert shas[0] == shas[1]
     assert scores[0] == scores[1]
@@ -181,7 +181,7 @@ def test_quality_filter_top_fraction_is_exact_across_shards(shared_data, shared_
     table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows],
                       "lang": ["en"] * 80 + ["es"] * 60})
     cfg = QualityConfig(enabled=True, keep="top_fraction", top_fraction=0.25)
-    model = load_quality_model(shared_model["path"])
+    model = load_classifier(shared_model["path"])
     scored: dict = {}
     for lang, s, i in zip(table.column("lang").to_pylist(), model.score(table.column("text").to_pylist()),
                           table.column("id").to_pylist()):
@@ -259,6 +259,27 @@ def test_cli_train_source_errors_name_the_source(tmp_path, capsys):
     assert "nothing-*.jsonl" in err and "Traceback" not in err
     assert main(["quality", "train", str(cfg), "--set", "fasttext.dimm=3"]) == 2
     assert "fasttext.dimm" in capsys.readouterr().err
+
+
+def test_one_text_source_reads_what_every_trainer_reads(tmp_path):
+    """trainer/text_source.py: `where` (one value or a list, a top-level field or a key of a curate
+    run's `metadata` JSON), `reasons`, `lang`, `limit`, unreadable lines counted; `read_documents`
+    (distillation, KenLM) filters by language and length over sorted, de-duplicated globs."""
+    from quipu.trainer.text_source import SourceError, TextSource, read_documents, read_source
+    rows = [{"id": "a", "text": "alpha one", "lang": "en", "label": "x"},
+            {"id": "b", "text": "beta", "lang": "es", "metadata": json.dumps({"label": "y"}), "reason": "heuristics:short"},
+            {"id": "c", "text": "gamma three", "lang": "pt", "label": "z", "reason": "quality<0.50"}]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
+    ids = lambda docs: [d["id"] for d in docs]
+    counts: dict = {}
+    assert ids(read_source(TextSource(path=str(f), where={"label": ["x", "y"]}), counts)) == ["a", "b"]
+    assert counts == {"unreadable": 1}
+    assert ids(read_source(TextSource(path=str(f), reasons=["heuristics"]))) == ["b"]
+    assert [d["lang"] for d in read_source(TextSource(path=str(tmp_path), lang="en", limit=2))] == ["en", "en"]
+    with pytest.raises(SourceError, match="yielded no documents"):
+        read_source(TextSource(path=str(f), where={"label": "none"}))
+    assert ids(read_documents([str(f), str(tmp_path / "*.jsonl")], ["en", "pt"], min_chars=10)) == ["c"]
 
 
 @pytest.mark.slow

@@ -24,48 +24,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class TextSource(BaseModel):
-    """Documents from a JSONL file (`text`, `lang`, `id`, ...) or a curated catalog dataset, optionally
-    filtered by field values."""
-    model_config = ConfigDict(extra="forbid")
-    path: str | None = Field(None, description="a JSONL file of documents (fields `text`, `lang`, `id`)")
-    dataset: str | None = Field(None, description="...or a curated dataset in the catalog")
-    where: dict[str, str] = Field(default_factory=dict, description="keep only records whose fields have these values, e.g. {lang: pt}")
-    name: str | None = Field(None, description="its name in reports (default: file or dataset name plus the filter values)")
-    lang: str | None = Field(None, description="language of every document (default: each record's `lang`)")
-
-    @model_validator(mode="after")
-    def _one(self):
-        if (self.path is None) == (self.dataset is None):
-            raise ValueError("give exactly one of path or dataset")
-        return self
-
-    def label(self) -> str:
-        base = Path(self.path).name.split(".")[0] if self.path else str(self.dataset)
-        return self.name or "-".join([base, *self.where.values()])
-
-
-def read_documents(src: TextSource) -> list[dict]:
-    """The records of one source that pass its `where` filter and have text, in file order."""
-    if src.path is not None:
-        p = Path(src.path)
-        if not p.is_file():
-            raise FileNotFoundError(f"text source not found: {src.path}")
-        with open(p, encoding="utf-8") as fh:
-            records = [json.loads(line) for line in fh if line.strip()]
-    else:
-        from quipu.catalog import registry
-        from quipu.trainer.tokenizer import iter_texts
-        ds = registry.get_dataset(src.dataset, kind="curated")
-        if ds is None:
-            raise FileNotFoundError(f"no curated dataset named {src.dataset!r} in the catalog")
-        records = list(iter_texts(sorted(s["path"] for s in ds["shards"]), columns=("id", "text", "lang", "source")))
-    keep = []
-    for r in records:
-        if all(str(r.get(k)) == v for k, v in src.where.items()) and (r.get("text") or "").strip():
-            keep.append(r)
-    return keep
+from quipu.trainer.text_source import TextSource, read_source
 
 
 class HeldoutConfig(BaseModel):
@@ -84,17 +43,18 @@ class HeldoutDoc:
 
 
 def load_heldout(cfg: HeldoutConfig) -> list[HeldoutDoc]:
-    """A fixed sample of every held-out source: documents ordered by a hash of their id, taken until
-    the per-source document or byte cap."""
+    """A fixed sample of every held-out source (quipu.trainer.text_source; a dataset is a curated
+    one): documents with text, ordered by a hash of their id, taken until the per-source document
+    or byte cap."""
     out: list[HeldoutDoc] = []
     for src in cfg.sources:
-        recs = read_documents(src)
+        recs = [d for d in read_source(src, dataset_kind="curated") if d["text"].strip()]
         if not recs:
             raise ValueError(f"held-out source {src.label()!r} has no documents{' matching ' + str(src.where) if src.where else ''}")
-        recs.sort(key=lambda r: (zlib.crc32(str(r.get("id")).encode()), str(r.get("id"))))
+        recs.sort(key=lambda r: (zlib.crc32(r["id"].encode()), r["id"]))
         size = 0
         for r in recs[:cfg.max_docs_per_source]:
-            out.append(HeldoutDoc(src.label(), src.lang or r.get("lang") or "und", str(r.get("id")), r["text"]))
+            out.append(HeldoutDoc(src.label(), r["lang"], r["id"], r["text"]))
             size += len(r["text"].encode("utf-8"))
             if size >= cfg.max_bytes_per_source:
                 break

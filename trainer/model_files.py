@@ -171,7 +171,7 @@ def _checked(path: str, mtime_ns: int, size: int, positive: str | None) -> None:
         raise ModelFileError(f"fastText model {path}: {problem}")
     scores = _run_child([path, positive or ""], path, "fastText model").get("scores")
     if scores is not None and max(scores) - min(scores) < 1e-4:
-        raise ModelFileError(f"quality model {path} gives every probe text the same score ({scores[0]:.4f}): "
+        raise ModelFileError(f"classifier model {path} gives every probe text the same score ({scores[0]:.4f}): "
                              "truncated or untrained; retrain it")
 
 

@@ -1,9 +1,9 @@
 """Where a scoring model is: one resolver for every stage and flow.
 
 A model reference in a config is a path (file or directory), a catalog name or id, or None for the
-newest model of its kind registered in the catalog. Kinds: the quality classifier
-(`quality-fasttext`, quipu.trainer.quality_model), the Wayra student (`wayra`,
-quipu.trainer.wayra), KenLM (`kenlm`, quipu.trainer.kenlm_model).
+newest model of its kind registered in the catalog. Kinds: the fastText classifiers
+(`<what>-fasttext`, quipu.trainer.fasttext_classifier; the quality classifier is `quality-fasttext`),
+the Wayra student (`wayra`, quipu.trainer.wayra), KenLM (`kenlm`, quipu.trainer.kenlm_model).
 """
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ KENLM_KIND = "kenlm"
 
 HOW_TO_TRAIN = {QUALITY_KIND: "quipu quality train CONFIG", STUDENT_KIND: "quipu ppl distill CONFIG",
                 KENLM_KIND: "quipu kenlm train CONFIG"}
+
+
+def how_to_train(kind: str) -> str:
+    """The command that trains a model of `kind`: every `*-fasttext` kind is a classifier of the family."""
+    if kind in HOW_TO_TRAIN:
+        return HOW_TO_TRAIN[kind]
+    return f"quipu quality train CONFIG --set kind={kind}" if kind.endswith("-fasttext") else "quipu"
 
 
 class ModelNotFound(UserError, ValueError):
@@ -41,4 +48,4 @@ def resolve_model(kind: str, ref: str | None, key: str, suffixes: tuple[str, ...
     if ref:
         raise ModelNotFound(f"{key}: {ref!r} is neither a file nor a `{kind}` model in the catalog")
     raise ModelNotFound(f"{key}: no `{kind}` model is registered in the catalog; train one with "
-                        f"`{HOW_TO_TRAIN.get(kind, 'quipu')}` or set {key} to a path")
+                        f"`{how_to_train(kind)}` or set {key} to a path")

@@ -1,9 +1,11 @@
-"""Training and evaluating the fastText quality classifier (quipu.trainer.quality_model) that the
-`quality` stage applies; the `quality-train` flow (quipu.flows.quality_train) runs these steps.
+"""Training and evaluating a fastText document classifier (quipu.trainer.fasttext_classifier) of any
+kind: the quality classifier the `quality` stage applies is the first; the config's `kind` and
+labels make another (a topic or register classifier applied by its own `FastTextFilter` stage).
+The `quality-train` flow (quipu.flows.quality_train, `quipu quality train CONFIG`) runs these steps.
 
-Positives (label `hq`) and negatives (`lq`) come from sources: globs of JSONL/parquet files, catalog
-datasets, or an earlier curate run's `<stage>/kept` / `<stage>/removed` directories, each optionally
-filtered by field values or removal reasons. The steps:
+Positives (label `hq` by default) and negatives (`lq`) come from sources (quipu.trainer.text_source):
+globs of JSONL/parquet files, catalog datasets, or an earlier curate run's `<stage>/kept` /
+`<stage>/removed` directories, each optionally filtered by field values or removal reasons. The steps:
 
 1. read the sources, drop exact duplicates and any text that appears in both classes,
 2. sample the classes to equal size (per language, with `per_language`), with a fixed seed,
@@ -29,43 +31,17 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quipu.catalog.errors import UserError
-from quipu.catalog import registry
 from quipu.tasks.stage import snippet
 from quipu.catalog.files import atomic_path, write_bytes_atomic
-from quipu.trainer.quality_model import NEGATIVE, POSITIVE, Normalization, load_quality_model, normalize_text
+from quipu.trainer.fasttext_classifier import NEGATIVE, POSITIVE, Normalization, load_classifier, normalize_text
+from quipu.trainer.models import QUALITY_KIND
+from quipu.trainer.text_source import SourceError, TextSource, read_source
 
 HIST_BINS = 20
 M_PERTURB = -6           # glibc mallopt parameter
 
 
 # ---- config -----------------------------------------------------------------------------------
-
-class Source(BaseModel):
-    """Where examples of one class come from. A plain string in the config is a `path`."""
-    model_config = ConfigDict(extra="forbid")
-    path: str | None = Field(None, description="glob of .jsonl[.gz|.zst]/.parquet files, or a directory "
-                                               "(e.g. runs/x/heuristics/removed)")
-    dataset: str | None = Field(None, description="catalog dataset name or id")
-    where: dict[str, str | list[str]] = Field(default_factory=dict,
-                                              description="keep records whose field (or metadata key) is one of these values")
-    reasons: list[str] = Field(default_factory=list, description="keep removed rows whose `reason` starts with one of these")
-    lang: str | None = Field(None, description="language of every record (default: the record's `lang` field)")
-    limit: int | None = Field(None, gt=0, description="at most this many records (the first, in file order)")
-
-    @model_validator(mode="after")
-    def _one_origin(self):
-        if (self.path is None) == (self.dataset is None):
-            raise ValueError("give exactly one of `path` or `dataset`")
-        return self
-
-    def describe(self) -> str:
-        what = self.path or f"dataset:{self.dataset}"
-        if self.where:
-            what += " where " + ",".join(f"{k}={v}" for k, v in sorted(self.where.items()))
-        if self.reasons:
-            what += " reasons " + ",".join(self.reasons)
-        return what
-
 
 class FastTextParams(BaseModel):
     """fastText supervised hyper-parameters, under fastText's own names."""
@@ -80,12 +56,18 @@ class FastTextParams(BaseModel):
     loss: str = Field("softmax", pattern=r"^(softmax|hs|ns|ova)$")
 
 
-class QualityTrainConfig(BaseModel):
+class ClassifierTrainConfig(BaseModel):
+    """`quipu quality train CONFIG`: one fastText classifier of the family, its kind named here."""
     model_config = ConfigDict(extra="forbid")
-    positive: list[Source] = Field(..., min_length=1, description="sources of high-quality examples (label hq)")
-    negative: list[Source] = Field(..., min_length=1, description="sources of low-quality examples (label lq)")
-    output: str = Field("runs/quality", description="directory for model.bin, model.json, eval.json, train/valid data")
-    name: str = Field("quality-fasttext", description="catalog name of the model")
+    kind: str = Field(QUALITY_KIND, pattern=r"^[a-z0-9]+(-[a-z0-9]+)*-fasttext$",
+                      description="catalog model kind, `<what>-fasttext`: the stage that applies the model looks it up by this")
+    positive: list[TextSource] = Field(..., min_length=1, description="sources of positive examples (label `positive_label`)")
+    negative: list[TextSource] = Field(..., min_length=1, description="sources of negative examples (label `negative_label`)")
+    positive_label: str = Field(POSITIVE, pattern=r"^[A-Za-z0-9_-]+$", description="label whose probability is the score")
+    negative_label: str = Field(NEGATIVE, pattern=r"^[A-Za-z0-9_-]+$")
+    output: str | None = Field(None, description="directory for model.bin, model.json, eval.json, train/valid data "
+                                                 "(default runs/<what> for kind <what>-fasttext)")
+    name: str | None = Field(None, description="catalog name of the model (default: the kind)")
     languages: list[str] | None = Field(None, description="use only documents in these languages")
     per_language: bool = Field(True, description="balance the classes within each language")
     max_per_class: int | None = Field(None, gt=0, description="cap on examples per class (per language with per_language)")
@@ -95,7 +77,22 @@ class QualityTrainConfig(BaseModel):
     threshold: float = Field(0.5, ge=0, le=1, description="decision threshold for precision/recall/F1")
     normalization: Normalization = Normalization()
     fasttext: FastTextParams = FastTextParams()
-    artifact_key: str = Field("quality-train-eval", pattern=r"^[a-z0-9-]+$")
+    artifact_key: str | None = Field(None, pattern=r"^[a-z0-9-]+$", description="default <what>-train-eval")
+
+    @field_validator("negative_label")
+    @classmethod
+    def _two_labels(cls, v, info):
+        if v == info.data.get("positive_label"):
+            raise ValueError(f"{v!r} is also the positive_label: the two classes need two labels")
+        return v
+
+    @model_validator(mode="after")
+    def _defaults_from_kind(self):
+        what = self.kind.removesuffix("-fasttext")   # quality: runs/quality, quality-fasttext, quality-train-eval
+        self.output = self.output or f"runs/{what}"
+        self.name = self.name or self.kind
+        self.artifact_key = self.artifact_key or f"{what}-train-eval"
+        return self
 
     @field_validator("positive", "negative", mode="before")
     @classmethod
@@ -104,72 +101,22 @@ class QualityTrainConfig(BaseModel):
         return [{"path": s} if isinstance(s, str) else s for s in v]
 
 
-# ---- reading examples -------------------------------------------------------------------------
-
-class SourceError(UserError, ValueError):
-    """A source that matches nothing or cannot be read; names it."""
-
-
-def source_files(src: Source) -> list[str]:
-    from quipu.tasks.readers import expand_inputs
-    if src.dataset is not None:
-        ds = registry.get_dataset(src.dataset)
-        if ds is None:
-            raise SourceError(f"source dataset {src.dataset!r} is not in the catalog")
-        return [s["path"] for s in sorted(ds["shards"], key=lambda s: s["path"])]
-    try:
-        return expand_inputs([src.path])
-    except FileNotFoundError:
-        raise SourceError(f"source {src.path!r} matches no file") from None
-
-
-def _field(meta: dict, key: str):
-    if key in meta:
-        return meta[key]
-    inner = meta.get("metadata")   # a curate run's parquet keeps input fields as a JSON string
-    if isinstance(inner, str) and inner.startswith("{"):
-        try:
-            return json.loads(inner).get(key)
-        except ValueError:
-            return None
-    return None
-
-
-def read_source(src: Source, counts: dict) -> list[tuple[str, str]]:
-    """(text, lang) of the records of one source that pass its filters, in file order."""
-    from quipu.tasks.readers import RawRecord, ReadStats, read
-    wanted = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in src.where.items()}
-    out: list[tuple[str, str]] = []
-    for path in source_files(src):
-        for rec in read(path, ReadStats()):
-            if not isinstance(rec, RawRecord) or rec.text is None:
-                counts["unreadable"] = counts.get("unreadable", 0) + 1
-                continue
-            meta = rec.metadata
-            if any(str(_field(meta, k)) not in vals for k, vals in wanted.items()):
-                continue
-            if src.reasons and not str(_field(meta, "reason") or "").startswith(tuple(src.reasons)):
-                continue
-            out.append((rec.text, src.lang or str(_field(meta, "lang") or "und")))
-            if src.limit and len(out) >= src.limit:
-                return out
-    if not out:
-        raise SourceError(f"source {src.describe()} yielded no documents")
-    return out
-
+# ---- selecting examples ------------------------------------------------------------------------
 
 def text_key(norm_text: str) -> str:
     return hashlib.sha1(norm_text.encode()).hexdigest()
 
 
-def select_examples(pos: list[tuple[str, str]], neg: list[tuple[str, str]], cfg: QualityTrainConfig) -> dict:
-    """Dedupe, drop cross-class texts, balance (per language) and split train/validation, seeded."""
+def select_examples(pos: list[tuple[str, str]], neg: list[tuple[str, str]], cfg: ClassifierTrainConfig) -> dict:
+    """Dedupe, drop cross-class texts, balance (per language) and split train/validation, seeded;
+    examples are (label, text, lang), the labels the config's."""
     norm = cfg.normalization
+    pos_label, neg_label = cfg.positive_label, cfg.negative_label
     classes: dict[str, dict[str, list[tuple[str, str]]]] = {}
-    seen: dict[str, dict[str, str]] = {POSITIVE: {}, NEGATIVE: {}}
-    stats = {"read": {POSITIVE: len(pos), NEGATIVE: len(neg)}, "duplicates": 0, "in_both_classes": 0,
+    seen: dict[str, dict[str, str]] = {pos_label: {}, neg_label: {}}
+    stats = {"read": {pos_label: len(pos), neg_label: len(neg)}, "duplicates": 0, "in_both_classes": 0,
              "empty": 0, "other_language": 0}
-    for label, docs in ((POSITIVE, pos), (NEGATIVE, neg)):
+    for label, docs in ((pos_label, pos), (neg_label, neg)):
         for text, lang in docs:
             if cfg.languages and lang not in cfg.languages:
                 stats["other_language"] += 1
@@ -184,30 +131,30 @@ def select_examples(pos: list[tuple[str, str]], neg: list[tuple[str, str]], cfg:
                 continue
             seen[label][key] = lang
             classes.setdefault(label, {}).setdefault(key, (text, lang))
-    both = set(seen[POSITIVE]) & set(seen[NEGATIVE])
+    both = set(seen[pos_label]) & set(seen[neg_label])
     stats["in_both_classes"] = len(both)
     groups: dict[str, dict[str, list[tuple[str, str, str]]]] = {}
-    for label in (POSITIVE, NEGATIVE):
+    for label in (pos_label, neg_label):
         for key, (text, lang) in classes.get(label, {}).items():
             if key in both:
                 continue
             group = lang if cfg.per_language else "all"
-            groups.setdefault(group, {POSITIVE: [], NEGATIVE: []})[label].append((key, text, lang))
+            groups.setdefault(group, {pos_label: [], neg_label: []})[label].append((key, text, lang))
     rng = random.Random(cfg.seed)
     train: list[tuple[str, str, str]] = []
     valid: list[tuple[str, str, str]] = []
     per_group: dict[str, dict] = {}
     skipped: dict[str, dict] = {}
     for group in sorted(groups):
-        p, n = groups[group][POSITIVE], groups[group][NEGATIVE]
+        p, n = groups[group][pos_label], groups[group][neg_label]
         size = min(len(p), len(n), cfg.max_per_class or 1 << 62)
         if size < cfg.min_per_class:
-            skipped[group] = {POSITIVE: len(p), NEGATIVE: len(n)}
+            skipped[group] = {pos_label: len(p), neg_label: len(n)}
             continue
         n_valid = max(1, round(size * cfg.validation_fraction))
         per_group[group] = {"per_class": size, "train_per_class": size - n_valid, "valid_per_class": n_valid,
-                            "available": {POSITIVE: len(p), NEGATIVE: len(n)}}
-        for label, docs in ((POSITIVE, p), (NEGATIVE, n)):
+                            "available": {pos_label: len(p), neg_label: len(n)}}
+        for label, docs in ((pos_label, p), (neg_label, n)):
             picked = rng.sample(docs, size)     # a seeded sample of the larger class
             valid += [(label, text, lang) for _, text, lang in picked[:n_valid]]
             train += [(label, text, lang) for _, text, lang in picked[n_valid:]]
@@ -270,9 +217,10 @@ def histogram(scores: list[float], bins: int = HIST_BINS) -> list[int]:
 
 def evaluate(model_path: str, valid: list[dict], threshold: float) -> dict:
     """Score the held-out split with the stage's own scoring code; metrics overall and per language."""
-    model = load_quality_model(model_path)
+    model = load_classifier(model_path)
+    positive, negative = model.positive_label, model.negative_label
     scores = model.score([v["text"] for v in valid])
-    labels = [int(v["label"] == POSITIVE) for v in valid]
+    labels = [int(v["label"] == positive) for v in valid]
     langs = [v["lang"] for v in valid]
     out = binary_metrics(labels, scores, threshold)
     out["per_language"] = {}
@@ -280,8 +228,8 @@ def evaluate(model_path: str, valid: list[dict], threshold: float) -> dict:
         idx = [i for i, x in enumerate(langs) if x == lang]
         out["per_language"][lang] = binary_metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold)
     out["histogram"] = {"bins": [round(i / HIST_BINS, 2) for i in range(HIST_BINS + 1)],
-                        POSITIVE: histogram([s for s, y in zip(scores, labels) if y]),
-                        NEGATIVE: histogram([s for s, y in zip(scores, labels) if not y])}
+                        positive: histogram([s for s, y in zip(scores, labels) if y]),
+                        negative: histogram([s for s, y in zip(scores, labels) if not y])}
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     ex = lambda i: {"score": round(scores[i], 4), "label": valid[i]["label"], "lang": langs[i],
                     "snippet": snippet(valid[i]["text"], 160)}
@@ -290,17 +238,18 @@ def evaluate(model_path: str, valid: list[dict], threshold: float) -> dict:
     return out
 
 
-def eval_markdown(ev: dict, model_path: str, stats: dict) -> str:
-    lines = [f"# Quality classifier `{model_path}`", "",
+def eval_markdown(ev: dict, model_path: str, stats: dict, kind: str = QUALITY_KIND) -> str:
+    positive, negative = [k for k in ev["histogram"] if k != "bins"]
+    lines = [f"# Classifier `{model_path}` ({kind})", "",
              f"validation: **{ev['n']}** documents · ROC AUC **{ev['roc_auc']}** · at threshold {ev['threshold']}: "
              f"precision {ev['precision']} · recall {ev['recall']} · F1 {ev['f1']}", "",
              "| language | docs | ROC AUC | precision | recall | F1 |", "|---|---:|---:|---:|---:|---:|"]
     for lang, m in ev["per_language"].items():
         lines.append(f"| {lang} | {m['n']} | {m['roc_auc']} | {m['precision']} | {m['recall']} | {m['f1']} |")
-    lines += ["", "## Score histogram (validation)", "", "| score | hq | lq |", "|---|---:|---:|"]
+    lines += ["", "## Score histogram (validation)", "", f"| score | {positive} | {negative} |", "|---|---:|---:|"]
     h = ev["histogram"]
     for i in range(HIST_BINS):
-        lines.append(f"| {h['bins'][i]:.2f}–{h['bins'][i + 1]:.2f} | {h[POSITIVE][i]} | {h[NEGATIVE][i]} |")
+        lines.append(f"| {h['bins'][i]:.2f}–{h['bins'][i + 1]:.2f} | {h[positive][i]} | {h[negative][i]} |")
     lines += ["", f"training examples: {stats['train']} · groups: " +
               ", ".join(f"{g}: {v['per_class']}/class" for g, v in stats["groups"].items())]
     return "\n".join(lines)
@@ -308,11 +257,21 @@ def eval_markdown(ev: dict, model_path: str, stats: dict) -> str:
 
 # ---- flow steps -------------------------------------------------------------------------------
 
-def prepare_data(cfg: QualityTrainConfig, out_dir: str) -> dict:
+def model_meta(cfg: ClassifierTrainConfig, data: dict) -> dict:
+    """The model's sidecar (`model.json`): kind, labels and normalisation the loader reads, and
+    what it was trained on. Written before training: the evaluation loads the model through it."""
+    return {"kind": cfg.kind, "positive_label": cfg.positive_label, "negative_label": cfg.negative_label,
+            "normalization": cfg.normalization.model_dump(), "fasttext": cfg.fasttext.model_dump(),
+            "seed": cfg.seed, "training_data_fingerprint": data["fingerprint"], "data": data["stats"],
+            "sources": {"positive": [x.describe() for x in cfg.positive],
+                        "negative": [x.describe() for x in cfg.negative]}}
+
+
+def prepare_data(cfg: ClassifierTrainConfig, out_dir: str) -> dict:
     """Read the sources and write `train.txt` (fastText lines) and `valid.jsonl`; returns paths and counts."""
     counts: dict = {}
-    pos = [d for s in cfg.positive for d in read_source(s, counts)]
-    neg = [d for s in cfg.negative for d in read_source(s, counts)]
+    pos = [(d["text"], d["lang"]) for s in cfg.positive for d in read_source(s, counts)]
+    neg = [(d["text"], d["lang"]) for s in cfg.negative for d in read_source(s, counts)]
     sel = select_examples(pos, neg, cfg)
     sel["stats"]["unreadable"] = counts.get("unreadable", 0)
     out = Path(out_dir)

@@ -1,9 +1,12 @@
-"""The fastText quality classifier (DCLM style): the text normalisation shared by training and
+"""A fastText document classifier (DCLM style): the text normalisation shared by training and
 scoring, loading (checked, cached per process) and batched scoring.
 
-Trained by quipu.trainer.quality_train (`quipu quality train`), registered in the catalog as kind
-`quality-fasttext`; the `quality` stage (quipu.tasks.quality) scores with it. The normalisation
-settings travel with the model in its sidecar `<model>.json`.
+One family for every such model, told apart by its catalog kind: the quality classifier
+(`quality-fasttext`, the `quality` stage, quipu.tasks.quality) is the first; any other (a topic
+or register classifier) is the same code with another kind and labels. Trained by
+quipu.trainer.classifier_train (`quipu quality train CONFIG`; the config's `kind` says which);
+applied by a `FastTextFilter` stage (quipu.tasks.fasttext_filter). The normalisation settings,
+labels and kind travel with the model in its sidecar `<model>.json`.
 """
 from __future__ import annotations
 
@@ -48,8 +51,8 @@ def normalize_text(text: str, norm: Normalization) -> str:
 
 # ---- the classifier ---------------------------------------------------------------------------
 
-class QualityModelError(UserError, ValueError):
-    """A quality model that cannot be found or loaded; the message names the path or name."""
+class ClassifierModelError(UserError, ValueError):
+    """A classifier model that cannot be found or loaded; the message names the path or name."""
 
 
 def model_sidecar(model_path: str | Path) -> Path:
@@ -57,39 +60,42 @@ def model_sidecar(model_path: str | Path) -> Path:
     return Path(model_path).with_suffix(".json")
 
 
-class QualityModel:
+class FastTextClassifier:
     """A loaded fastText classifier plus the normalisation it was trained with; `score` is batched."""
 
     def __init__(self, path: str, positive_label: str | None = None):
         self.path = str(path)
         if not os.path.isfile(self.path):
-            raise QualityModelError(f"quality model file not found: {self.path}")
+            raise ClassifierModelError(f"classifier model file not found: {self.path}")
         with open(self.path, "rb") as fh:
             head = fh.read(4)
         if len(head) < 4 or int.from_bytes(head, "little", signed=True) != FASTTEXT_MAGIC:
-            raise QualityModelError(f"quality model {self.path} is not a fastText model file (corrupt or wrong file)")
+            raise ClassifierModelError(f"classifier model {self.path} is not a fastText model file (corrupt or wrong file)")
         sidecar = model_sidecar(self.path)
         try:   # a model without a sidecar (trained elsewhere) gets the default normalisation
             meta = read_json(sidecar) if sidecar.is_file() else {}
             self.normalization = Normalization(**meta.get("normalization", {}))
         except Exception as e:
-            raise QualityModelError(f"quality model sidecar {sidecar} is unreadable: {e}") from None
-        self.positive = "__label__" + (positive_label or meta.get("positive_label") or POSITIVE)
+            raise ClassifierModelError(f"classifier model sidecar {sidecar} is unreadable: {e}") from None
+        self.kind = meta.get("kind")
+        self.positive_label = positive_label or meta.get("positive_label") or POSITIVE
+        self.negative_label = meta.get("negative_label") or NEGATIVE
+        self.positive = "__label__" + self.positive_label
         self.sha256 = sha256_file(self.path)
         from quipu.trainer.model_files import ModelFileError, check_fasttext
         try:   # layout, a load in a child process (a crash there is one line), the probe set's scores
             check_fasttext(self.path, self.positive)
         except ModelFileError as e:
-            raise QualityModelError(str(e)) from None
+            raise ClassifierModelError(str(e)) from None
         import fasttext
         fasttext.FastText.eprint = lambda *a, **k: None   # the load_model deprecation warning
         try:
             self.model = fasttext.load_model(self.path)
         except Exception as e:   # truncated or corrupt beyond the header
-            raise QualityModelError(f"cannot load quality model {self.path}: {e}") from None
+            raise ClassifierModelError(f"cannot load classifier model {self.path}: {e}") from None
         labels = list(self.model.labels)
         if self.positive not in labels:
-            raise QualityModelError(f"quality model {self.path} has no label {self.positive} (labels: {', '.join(labels)})")
+            raise ClassifierModelError(f"classifier model {self.path} has no label {self.positive} (labels: {', '.join(labels)})")
         self.n_labels = len(labels)
 
     def score(self, texts: list[str]) -> list[float]:
@@ -122,15 +128,15 @@ _load_lock = threading.Lock()
 
 
 @lru_cache(maxsize=4)
-def _load_cached(path: str, mtime_ns: int, size: int, positive_label: str | None) -> QualityModel:
-    return QualityModel(path, positive_label)
+def _load_cached(path: str, mtime_ns: int, size: int, positive_label: str | None) -> FastTextClassifier:
+    return FastTextClassifier(path, positive_label)
 
 
-def load_quality_model(path: str, positive_label: str | None = None) -> QualityModel:
+def load_classifier(path: str, positive_label: str | None = None) -> FastTextClassifier:
     """Load once per process (threads share it); a changed file on disk is loaded again."""
     try:
         st = os.stat(path)
     except OSError:
-        raise QualityModelError(f"quality model file not found: {path}") from None
+        raise ClassifierModelError(f"classifier model file not found: {path}") from None
     with _load_lock:
         return _load_cached(str(path), st.st_mtime_ns, st.st_size, positive_label)
