@@ -295,9 +295,14 @@ def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict |
     summary = {**summary, "run_id": run_id,
                "stages": [{**st, "reused_shards": reports[st["name"]]["reused_shards"]} for st in summary["stages"]]}
     _register(config, run_dir, run_id, summary["inputs"], reports, parts, reports["extract"])
-    publish_artifacts(summary, reports, config.artifact_prefix)
-    publish_charts(summary, reports, config.artifact_prefix)
+    publish(summary, reports, config.artifact_prefix)
     return summary
+
+
+def publish(summary: dict, reports: dict, prefix: str) -> None:
+    """The run's artifacts, the summary last (it links the others); the run's last line names it."""
+    charts = publish_charts(summary, reports, prefix)
+    get_run_logger().info("summary of the run: %s", publish_artifacts(summary, reports, prefix, {"charts": charts}))
 
 
 def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str, log) -> dict:
@@ -339,8 +344,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     write_dataset_card(summary, run_dir, config.dataset or name_from(run_dir.name), config.curated.license,
                        QUIPU_VERSION)
     _register(config, run_dir, run_id, files, reports, curated, results_extract=reports["extract"])
-    publish_artifacts(summary, reports, config.artifact_prefix)
-    publish_charts(summary, reports, config.artifact_prefix)
+    publish(summary, reports, config.artifact_prefix)
     return summary
 
 
