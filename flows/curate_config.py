@@ -81,7 +81,9 @@ FORM_FIRST = ("input", "output", "dataset", CONFIG_FILE)   # the form's order: t
 
 def _inline(schema, defs: dict):
     """`schema` with every `$ref` replaced by its definition, `default` and `required` dropped: a
-    field left empty is absent from the form's value, so the config file's value stays."""
+    field left empty is absent from the form's value, so the config file's value stays. A switch
+    cannot be empty (it would show "off" for a value the file may have on): a boolean is drawn
+    as a choice of true / false, empty until chosen."""
     if isinstance(schema, list):
         return [_inline(s, defs) for s in schema]
     if not isinstance(schema, dict):
@@ -89,8 +91,9 @@ def _inline(schema, defs: dict):
     if "$ref" in schema:
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         return _inline({**defs[schema["$ref"].split("/")[-1]], **rest}, defs)
-    return {k: _inline(v, defs) for k, v in schema.items()
-            if k not in ("default", "required", "$defs") and not (k == "title" and isinstance(v, dict))}
+    out = {k: _inline(v, defs) for k, v in schema.items()
+           if k not in ("default", "required", "$defs") and not (k == "title" and isinstance(v, dict))}
+    return {**out, "enum": [True, False]} if out.get("type") == "boolean" else out
 
 
 def _about(block: str) -> str:
@@ -121,7 +124,8 @@ def form_schema() -> dict:
             field = _inline(prop, defs)
             kinds = [k for k in field.pop("anyOf", []) if k.get("type") != "null"]
             props[name] = {**(kinds[0] if len(kinds) == 1 else {}), **field}
-    order = [*FORM_FIRST, *(n for n in props if n not in FORM_FIRST)]
+    blocks = [n for n in props if "anyOf" in props[n]]
+    order = [*FORM_FIRST, *(n for n in props if n not in FORM_FIRST and n not in blocks), *blocks]
     return {"type": "object", "title": "config", "additionalProperties": False,
             "description": "The run's inputs, output and dataset; every other setting comes from config_file, "
                            "and a block changed here goes on top of it",

@@ -39,6 +39,7 @@ def test_form_is_short_and_every_block_is_reachable(schema):
     assert order[:4] == ["input", "output", "dataset", "config_file"]
     shown = [k for k in form if not _collapsed(form[k])]
     assert len(shown) <= 10, shown          # was 189 fields, every block drawn open
+    assert not [k for k in shown if form[k].get("type") == "boolean" and "enum" not in form[k]]   # no false "off"
     blocks = {"runner", "extract", "curated", *(s.name for s in STAGES)}
     assert {k for k in form if _collapsed(form[k])} == blocks
     for name in blocks:   # the "change" tab holds the block's every key, none pre-filled
