@@ -135,7 +135,7 @@ def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate
     The summary cannot be put first in a run's Artifacts tab: both Prefect 3.8 UIs list a run's
     artifacts by id, descending (`sort: ID_DESC`), and the server gives artifacts random (uuid4)
     ids, so their order is neither creation order nor chosen by us. It is created last, so that
-    it can link every other artifact, and the run's last log line names it."""
+    it can link every other artifact, and a log line at the run's end names it."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
     pages = {"funnel": create_table_artifact(
