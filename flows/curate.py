@@ -300,7 +300,7 @@ def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict |
 
 
 def publish(summary: dict, reports: dict, prefix: str) -> None:
-    """The run's artifacts, the summary last (it links the others); the run's last line names it."""
+    """The run's artifacts, the summary last (it links the others), and a log line naming it."""
     charts = publish_charts(summary, reports, prefix)
     get_run_logger().info("summary of the run: %s", publish_artifacts(summary, reports, prefix, {"charts": charts}))
 

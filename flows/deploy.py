@@ -8,7 +8,9 @@ read other files, so `quipu deploy` resolves it first:
   on top (deep merge), and is validated with the flow's config model before anything is sent; a
   named config file that is missing or invalid fails naming the file (and the key); the other
   parameters are validated against the flow's signature (trigger templates are filled in by the
-  server and skipped);
+  server and skipped); the curate deployment keeps its short form instead (the file's name as
+  `config_file`, read when the run starts, and the YAML's values: curate_config.form_schema),
+  validated as the run will resolve it;
 - `{{ $QUIPU_ROOT }}` (the working directory of flow runs) becomes the repository root;
 - deployments whose entrypoint file does not exist yet are skipped with a message.
 

@@ -289,6 +289,11 @@ def test_summary_markdown_links_every_report():
     md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"])
     assert "(file:///r/a/extract/report.json)" in md and "(file:///r/a/heuristics/report.json)" in md
     assert "(file:///r/a/run.json)" in md and "**60**" in md
+    # with the UI pages of the run's other artifacts: each stage's row and each other title
+    pages = {"heuristics": "http://ui/artifacts/artifact/1", "charts": "http://ui/artifacts/artifact/2"}
+    md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"], pages)
+    assert "| heuristics | 90 | 60 | 30 | [artifact](http://ui/artifacts/artifact/1) · " in md
+    assert "- charts: [charts](http://ui/artifacts/artifact/2)" in md and "| extract | 100 | 90 | 10 | [extract/" in md
 
 
 def test_progress_without_a_run_context_only_computes():
