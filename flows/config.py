@@ -5,6 +5,7 @@ Every error names the key and what was expected, and is raised before any work s
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import importlib
 import json
@@ -87,6 +88,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({e.problem})") from None
     return key.split("."), value
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """`top` on `base`: mappings merged key by key, any other value replaced."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

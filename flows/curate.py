@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
 
 from prefect import flow, get_run_logger, task, unmapped
+from pydantic import Field, WithJsonSchema
 
 from quipu.catalog import registry
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_file, write_json_atomic
 from quipu.catalog.names import name_from
 from quipu.catalog.ownership import claim, identity, output_lock, record_written
-from quipu.flows.curate_config import CurateConfig, CurateSettings, enabled_stages  # noqa: F401  (importers use this module)
+from quipu.flows.curate_config import (CurateConfig, CurateSettings, enabled_stages, form_schema,  # noqa: F401  (importers use this module)
+                                       from_form)
 from quipu.flows.dataset_card import write_dataset_card
 from quipu.flows.html_report import publish_charts
 from quipu.flows.progress import StageProgress, say
@@ -169,9 +171,16 @@ def owned_entries() -> list[str]:
     return ["extract", *(s.name for s in STAGES), "curated", ".curated.json", "quarantine", "run.json", "README.md"]
 
 
+# A CurateConfig from Python; from a deployment, its form (a dict: see curate_config.form_schema,
+# the schema the UI draws), resolved in the run before any work.
+CurateParameter = Annotated[CurateConfig | dict, Field(union_mode="left_to_right"), WithJsonSchema(form_schema())]
+
+
 @flow(name="curate", flow_run_name=curate_name, log_prints=True, persist_result=False)
-def curate(config: CurateConfig, overwrite: bool = False) -> dict:
+def curate(config: CurateParameter, overwrite: bool = False) -> dict:
     try:
+        if not isinstance(config, CurateConfig):
+            config = from_form(config)
         return _curate_flow(config, overwrite)
     except UserError as e:   # on a worker: one ERROR line with the fix, no traceback
         return failed_run(e)
@@ -272,9 +281,14 @@ def _finished(config: CurateSettings, run_dir: Path, run_id: str, log) -> dict |
     summary = {**summary, "run_id": run_id,
                "stages": [{**st, "reused_shards": reports[st["name"]]["reused_shards"]} for st in summary["stages"]]}
     _register(config, run_dir, run_id, summary["inputs"], reports, parts, reports["extract"])
-    publish_artifacts(summary, reports, config.artifact_prefix)
-    publish_charts(summary, reports, config.artifact_prefix)
+    publish(summary, reports, config.artifact_prefix)
     return summary
+
+
+def publish(summary: dict, reports: dict, prefix: str) -> None:
+    """The run's artifacts, the summary last (it links the others), and a log line naming it."""
+    charts = publish_charts(summary, reports, prefix)
+    get_run_logger().info("summary of the run: %s", publish_artifacts(summary, reports, prefix, {"charts": charts}))
 
 
 def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str, log) -> dict:
@@ -312,8 +326,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     write_dataset_card(summary, run_dir, config.dataset or name_from(run_dir.name), config.curated.license,
                        QUIPU_VERSION)
     _register(config, run_dir, run_id, files, reports, curated, results_extract=reports["extract"])
-    publish_artifacts(summary, reports, config.artifact_prefix)
-    publish_charts(summary, reports, config.artifact_prefix)
+    publish(summary, reports, config.artifact_prefix)
     return summary
 
 

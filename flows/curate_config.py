@@ -65,3 +65,90 @@ CurateConfig = create_model(
 
 def enabled_stages(config: CurateSettings) -> list[str]:
     return [s.name for s in STAGES if getattr(config, s.name).enabled]
+
+
+# ---- the curate deployment's form ------------------------------------------------------------
+# Prefect's UI draws a flow parameter's JSON schema as one form, every nested model inline (189
+# fields for CurateConfig), and collapses nothing; an `anyOf` is drawn as tabs showing only the
+# tab its value selects. So the deployment holds a short form: a config file (every block, read
+# where the run executes) with the run's own fields on top, and each block as tabs "as in
+# config_file" (null: collapsed) | "change" (the block's fields, empty: only those filled in go
+# on top of the file). Runs from Python pass a CurateConfig; a form is resolved by `from_form`.
+
+CONFIG_FILE = "config_file"
+AS_IN_FILE = "as in config_file"
+FORM_FIRST = ("input", "output", "dataset", CONFIG_FILE)   # the form's order: these, then the rest
+
+
+def _inline(schema, defs: dict):
+    """`schema` with every `$ref` replaced by its definition, `default` and `required` dropped: a
+    field left empty is absent from the form's value, so the config file's value stays. A switch
+    cannot be empty (it would show "off" for a value the file may have on): a boolean is drawn
+    as a choice of true / false, empty until chosen."""
+    if isinstance(schema, list):
+        return [_inline(s, defs) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return _inline({**defs[schema["$ref"].split("/")[-1]], **rest}, defs)
+    out = {k: _inline(v, defs) for k, v in schema.items()
+           if k not in ("default", "required", "$defs") and not (k == "title" and isinstance(v, dict))}
+    return {**out, "enum": [True, False]} if out.get("type") == "boolean" else out
+
+
+def _about(block: str) -> str:
+    """What a block is: the first sentence of its module's docstring."""
+    import sys
+    modules = {s.name: s.__module__ for s in STAGES} | {"extract": ExtractConfig.__module__, "curated": OutputConfig.__module__}
+    doc = (sys.modules[modules[block]].__doc__ or block).strip().split("\n\n")[0].replace("\n", " ")
+    return doc.split(". ")[0].rstrip(".") + "."
+
+
+def form_schema() -> dict:
+    """The JSON schema the curate deployment's form is drawn from (see above)."""
+    full = CurateConfig.model_json_schema()
+    defs = full.get("$defs", {})
+    props: dict[str, dict] = {CONFIG_FILE: {
+        "type": "string", "title": "config file",
+        "description": "YAML with every setting (configs/curate/*.yaml), read in the run's working directory "
+                       "(QUIPU_ROOT); the fields of this form go on top. Empty: the built-in defaults"}}
+    for name, prop in full["properties"].items():
+        if "$ref" in prop or prop.get("type") == "object":      # a block: collapsed unless changed
+            block = _inline(prop, defs)
+            block["title"] = "change"
+            about = prop.get("description") or _about(name)
+            block.pop("description", None)
+            props[name] = {"title": name, "description": about,
+                           "anyOf": [{"type": "null", "title": AS_IN_FILE}, block], "default": None}
+        else:   # the run's own fields, empty unless set: a nullable one is drawn as its type
+            field = _inline(prop, defs)
+            kinds = [k for k in field.pop("anyOf", []) if k.get("type") != "null"]
+            props[name] = {**(kinds[0] if len(kinds) == 1 else {}), **field}
+    blocks = [n for n in props if "anyOf" in props[n]]
+    order = [*FORM_FIRST, *(n for n in props if n not in FORM_FIRST and n not in blocks), *blocks]
+    return {"type": "object", "title": "config", "additionalProperties": False,
+            "description": "The run's inputs, output and dataset; every other setting comes from config_file, "
+                           "and a block changed here goes on top of it",
+            "properties": {n: {**props[n], "position": i} for i, n in enumerate(order)}}
+
+
+def from_form(form: dict, root: str | Path | None = None) -> CurateConfig:
+    """The config a form asks for: `config_file` (relative to `root`, default the working
+    directory), then the form's values on top. Errors name the file or the key."""
+    from pydantic import ValidationError
+
+    from quipu.flows.config import ConfigError, deep_merge, format_validation_error, read_yaml
+    values = {k: v for k, v in form.items() if k != CONFIG_FILE and v is not None}
+    path = form.get(CONFIG_FILE)
+    base = {}
+    if path:
+        full = Path(root or ".") / path
+        try:
+            base = read_yaml(full)
+        except ConfigError as e:
+            raise ConfigError(f"{CONFIG_FILE}: {e} (relative paths are read from {Path(root or '.').resolve()})") from None
+    try:
+        return CurateConfig.model_validate(deep_merge(base, values))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, f"config (on {path})" if path else "config", CurateConfig)) from None

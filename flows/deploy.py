@@ -8,7 +8,9 @@ read other files, so `quipu deploy` resolves it first:
   on top (deep merge), and is validated with the flow's config model before anything is sent; a
   named config file that is missing or invalid fails naming the file (and the key); the other
   parameters are validated against the flow's signature (trigger templates are filled in by the
-  server and skipped);
+  server and skipped); the curate deployment keeps its short form instead (the file's name as
+  `config_file`, read when the run starts, and the YAML's values: curate_config.form_schema),
+  validated as the run will resolve it;
 - `{{ $QUIPU_ROOT }}` (the working directory of flow runs) becomes the repository root;
 - deployments whose entrypoint file does not exist yet are skipped with a message.
 
@@ -31,9 +33,9 @@ import yaml
 
 from quipu.catalog import db
 from quipu.catalog.files import write_bytes_atomic
-from quipu.flows.config import ConfigError, apply_overrides, load_config, read_yaml
-from quipu.flows.deploy_chain import (CURATE_COMPLETED, DATASET_RESOURCE, TRAIN, WATCH, check_chain, fail_on, has_template,
-                                     train_trigger_resources)
+from quipu.flows.config import ConfigError, apply_overrides, deep_merge, load_config, read_yaml
+from quipu.flows.deploy_chain import (CURATE, CURATE_COMPLETED, DATASET_RESOURCE, TRAIN, WATCH, check_chain, fail_on,
+                                     has_template, train_trigger_resources)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = ROOT / "deploy" / "prefect.yaml"
@@ -49,16 +51,10 @@ CONFIG_MODELS = {
 }
 
 
-def deep_merge(base: dict, top: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in top.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-def _validate(entrypoint: str, params: dict, where: str) -> None:
-    """The `config` parameter with the flow's config model (errors name the key), then every other
-    concrete parameter against the flow function's signature (its type hints)."""
+def _validate(entrypoint: str, params: dict, where: str, root: Path = ROOT) -> None:
+    """The `config` parameter with the flow's config model (errors name the key; curate's form
+    with its config file under `root`), then every other concrete parameter against the flow
+    function's signature (its type hints)."""
     target = CONFIG_MODELS.get(entrypoint)
     if not target:
         raise ConfigError(f"{where}: no config model known for entrypoint {entrypoint} (add it to CONFIG_MODELS)")
@@ -68,7 +64,11 @@ def _validate(entrypoint: str, params: dict, where: str) -> None:
     # Trigger templates are filled in by the server: validate the rest.
     concrete = {k: v for k, v in config.items() if not has_template(v)}
     try:
-        validated = load_config(model, None, data=concrete)
+        if entrypoint == CURATE:
+            from quipu.flows.curate_config import from_form
+            from_form(concrete, root)
+        else:
+            load_config(model, None, data=concrete)
     except ConfigError as e:   # names the key; say which deployment and file
         raise ConfigError(f"{where}: {e}") from None
     others = {k: v for k, v in params.items() if k != "config" and not has_template(v)}
@@ -115,17 +115,21 @@ def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check
         where = f"deployment {name} ({configs.get(name, 'no config file')})"
         params = dep.setdefault("parameters", {}) or {}
         dep["parameters"] = params
-        if "config" in params or base or by_deployment.get(name):
+        if entry == CURATE and name in configs:   # a short form naming the file (curate_config.form_schema)
+            from quipu.flows.curate_config import CONFIG_FILE
+            params["config"] = apply_overrides({CONFIG_FILE: configs[name], **(params.get("config") or {})},
+                                               by_deployment.get(name, []))
+        elif "config" in params or base or by_deployment.get(name):
             params["config"] = apply_overrides(deep_merge(base, params.get("config") or {}), by_deployment.get(name, []))
         if check:
-            _validate(entry, params, where)
+            _validate(entry, params, where, root)
         for trig in dep.get("triggers", []) or []:
             tparams = trig.get("parameters")
             if tparams:
                 if "config" in tparams:
                     tparams["config"] = deep_merge(params.get("config", {}), tparams["config"])
                 if check:
-                    _validate(entry, {"config": params.get("config", {})} | tparams, f"{where} trigger")
+                    _validate(entry, {"config": params.get("config", {})} | tparams, f"{where} trigger", root)
         _narrow_train_trigger(dep)
         deployments.append(dep)
         kept.append(name)
@@ -136,7 +140,7 @@ def resolve(spec: dict, root: Path = ROOT, names: list[str] | None = None, check
         if check:   # the chain is checked whole, also when only some of it is deployed
             resolve({**spec, "quipu": {"configs": configs}}, root, None, check, overrides, workdir)
     elif check:
-        errors, warnings = check_chain(deployments, configs)
+        errors, warnings = check_chain(deployments, configs, root)
         for w in dict.fromkeys(warnings):
             print(f"WARNING: {w}", file=sys.stderr)
         fail_on(list(dict.fromkeys(errors)))

@@ -75,9 +75,10 @@ def curate_columns(config) -> tuple[set[str], set[str]]:
     return columns, stages
 
 
-def producers(deployments: list[dict], configs: dict[str, str]) -> list[Producer]:
+def producers(deployments: list[dict], configs: dict[str, str], root: Path | None = None) -> list[Producer]:
+    """`root`: where a curate form's config file is read from (the checkout; default the cwd)."""
     from quipu.catalog.names import name_from
-    from quipu.flows.curate import CurateConfig
+    from quipu.flows.curate_config import from_form
     from quipu.flows.watch import WatchConfig
 
     watchers = {d["name"]: WatchConfig.model_validate(_concrete((d.get("parameters") or {}).get("config")))
@@ -91,7 +92,7 @@ def producers(deployments: list[dict], configs: dict[str, str]) -> list[Producer
         variants = [(base, None)] + [((t.get("parameters") or {}).get("config") or base, t)
                                      for t in d.get("triggers") or [] if (t.get("parameters") or {})]
         for cfg_dict, trigger in variants:
-            cfg = CurateConfig.model_validate(_concrete(cfg_dict))
+            cfg = from_form(_concrete(cfg_dict), root)
             columns, stages = curate_columns(cfg)
             templated = "{{" in str(cfg_dict.get("dataset", ""))
             if trigger is not None and templated and DATA_ARRIVED in (trigger.get("expect") or []):
@@ -111,12 +112,12 @@ def _catalog_datasets() -> set[str]:
         return set()
 
 
-def check_chain(deployments: list[dict], configs: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of the resolved deployments taken together."""
+def check_chain(deployments: list[dict], configs: dict[str, str], root: Path | None = None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the resolved deployments taken together (config files under `root`)."""
     from quipu.trainer.data import parse_condition
     from quipu.trainer.train import TrainConfig
 
-    made = producers(deployments, configs)
+    made = producers(deployments, configs, root)
     written = {ds for p in made for ds in p.datasets or ()}
     errors, warnings = [], []
     catalog = None

@@ -333,8 +333,8 @@ def charts_markdown(run: dict, reports: dict[str, dict], run_dir: str | Path) ->
     return "\n".join(lines)
 
 
-def publish_charts(run: dict, reports: dict[str, dict], prefix: str = "curate") -> None:
-    """The charts as the Prefect artifact `<prefix>-charts` (needs a Prefect run context)."""
+def publish_charts(run: dict, reports: dict[str, dict], prefix: str = "curate"):
+    """The charts as the Prefect artifact `<prefix>-charts` (needs a Prefect run context); its id."""
     from prefect.artifacts import create_markdown_artifact
-    create_markdown_artifact(key=f"{prefix}-charts", markdown=charts_markdown(run, reports, run.get("output", ".")),
+    return create_markdown_artifact(key=f"{prefix}-charts", markdown=charts_markdown(run, reports, run.get("output", ".")),
                              description="Funnel, removal reasons, score histograms and cluster sizes (as in `quipu report RUN --html`)")

@@ -128,22 +128,42 @@ def stage_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate") -> None:
-    """Table artifact for the funnel, one markdown artifact per stage (needs a Prefect run context)."""
+def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate",
+                      others: dict[str, object] | None = None) -> str:
+    """Table artifact for the funnel, one markdown artifact per stage, then the summary linking
+    each of them (and `others`: {title: artifact id}) by its UI page; needs a Prefect run
+    context. Returns the summary's UI address.
+
+    The summary cannot be put first in a run's Artifacts tab: both Prefect 3.8 UIs list a run's
+    artifacts by id, descending (`sort: ID_DESC`), and the server gives artifacts random (uuid4)
+    ids, so their order is neither creation order nor chosen by us. It is created last, so that
+    it can link every other artifact, and a log line at the run's end names it."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-    create_table_artifact(key=f"{prefix}-funnel", table=funnel_rows(run),
-                          description=f"Curation funnel of run {run.get('run_id')} ({run.get('output')})")
+    pages = {"funnel": create_table_artifact(
+        key=f"{prefix}-funnel", table=funnel_rows(run),
+        description=f"Curation funnel of run {run.get('run_id')} ({run.get('output')})")}
     for name, report in reports.items():
-        create_markdown_artifact(key=f"{prefix}-stage-{name.replace('_', '-')}", markdown=stage_markdown(report),
-                                 description=f"Stage {name}: removal reasons and examples")
-    create_markdown_artifact(key=f"{prefix}-summary", markdown=summary_markdown(run, list(reports)),
-                             description="Run summary with links to the report files")
+        pages[name] = create_markdown_artifact(key=f"{prefix}-stage-{name.replace('_', '-')}",
+                                               markdown=stage_markdown(report),
+                                               description=f"Stage {name}: removal reasons and examples")
     create_link_artifact(key=f"{prefix}-run-json", link=Path(run.get("output", ".")).joinpath("run.json").as_uri(),
                          link_text="run.json", description=f"Run summary file of run {run.get('run_id')}")
+    links = {name: artifact_url(i) for name, i in {**pages, **(others or {})}.items()}
+    summary = create_markdown_artifact(key=f"{prefix}-summary", markdown=summary_markdown(run, list(reports), links),
+                                       description="Start here: the run's funnel, with a link to every report")
+    return artifact_url(summary)
 
 
-def summary_markdown(run: dict, stages: list[str]) -> str:
+def artifact_url(artifact_id) -> str:
+    """An artifact's page in the Prefect UI (root-relative when no UI address is configured)."""
+    from prefect.settings import PREFECT_UI_URL
+    return f"{(PREFECT_UI_URL.value() or '').rstrip('/')}/artifacts/artifact/{artifact_id}"
+
+
+def summary_markdown(run: dict, stages: list[str], links: dict[str, str] | None = None) -> str:
+    """The run in a few lines and its funnel; `links`: {stage or title: UI page of its artifact}."""
+    links = links or {}
     out = run.get("output", ".")
     curated = run.get("curated", {})
     lines = [f"# Curate run `{run.get('run_id')}`", "",
@@ -152,14 +172,16 @@ def summary_markdown(run: dict, stages: list[str]) -> str:
              f"- records read: {run.get('records_read')} · quarantined: {run.get('quarantined')}",
              f"- curated: **{curated.get('rows')}** documents in {len(curated.get('shards', []))} shards under "
              f"[{out}/curated]({Path(out, 'curated').as_uri()})",
-             f"- run summary: [run.json]({Path(out, 'run.json').as_uri()})", "",
+             f"- run summary: [run.json]({Path(out, 'run.json').as_uri()})",
+             *(f"- {title}: [{title}]({url})" for title, url in links.items() if title not in stages), "",
              "| stage | input | kept | removed | report |", "|---|---:|---:|---:|---|"]
     by_name = {s["name"]: s for s in run.get("stages", [])}
     for name in stages:
         s = by_name.get(name, {})
         report = Path(out, name, "report.json")
+        page = f"[artifact]({links[name]}) · " if name in links else ""
         lines.append(f"| {name} | {s.get('input_docs', '')} | {s.get('kept_docs', '')} | {s.get('removed_docs', '')} "
-                     f"| [{name}/report.json]({report.as_uri()}) |")
+                     f"| {page}[{name}/report.json]({report.as_uri()}) |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from quipu.flows.config import ConfigError
+from quipu.flows.curate_config import from_form
 from quipu.flows.deploy import DEFAULT_FILE, deep_merge, resolve
 from quipu.flows.reports import RunProgress, diff_runs, summary_markdown
 from quipu.flows.runners import RunnerConfig, make_task_runner, runner_matches
@@ -191,10 +192,14 @@ def test_resolve_fills_configs_validates_and_skips_missing_flows(tmp_path):
     assert resolved["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(ROOT)
     demo = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
     deps = {d["name"]: d for d in resolved["deployments"]}
+    # curate's form names its file (read where the run executes), the YAML's values on top
     cfg = deps["curate"]["parameters"]["config"]
-    assert cfg["langid"] == demo["langid"] and cfg["output"] == "runs/curate"     # file, then the YAML on top
+    assert cfg == {"config_file": "configs/curate/demo.yaml", "input": ["data/raw"], "output": "runs/curate",
+                   "artifact_prefix": "curate"}
+    full = from_form(cfg, ROOT)
+    assert full.langid.languages == demo["langid"]["languages"] and full.output == "runs/curate"
     tcfg = deps["curate"]["triggers"][0]["parameters"]["config"]
-    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["langid"] == demo["langid"]
+    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["config_file"] == "configs/curate/demo.yaml"
     for name in ("quality-train", "ppl-distill", "tokenize-train"):
         entry = {d["name"]: d for d in yaml.safe_load(DEFAULT_FILE.read_text())["deployments"]}[name]["entrypoint"]
         assert (name in kept) == (ROOT / entry.split(":")[0]).is_file()
@@ -284,6 +289,11 @@ def test_summary_markdown_links_every_report():
     md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"])
     assert "(file:///r/a/extract/report.json)" in md and "(file:///r/a/heuristics/report.json)" in md
     assert "(file:///r/a/run.json)" in md and "**60**" in md
+    # with the UI pages of the run's other artifacts: each stage's row and each other title
+    pages = {"heuristics": "http://ui/artifacts/artifact/1", "charts": "http://ui/artifacts/artifact/2"}
+    md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"], pages)
+    assert "| heuristics | 90 | 60 | 30 | [artifact](http://ui/artifacts/artifact/1) · " in md
+    assert "- charts: [charts](http://ui/artifacts/artifact/2)" in md and "| extract | 100 | 90 | 10 | [extract/" in md
 
 
 def test_progress_without_a_run_context_only_computes():
