@@ -30,12 +30,9 @@ CURATE_COMPLETED = "quipu.curate.completed"
 DATA_ARRIVED = "quipu.data.arrived"
 DATASET_RESOURCE = "quipu.dataset."
 
-# Stage that writes a column a blend may need, and how to switch it on.
-COLUMN_STAGES = {"lang": "langid", "lang_score": "langid", "quality_score": "quality", "dup_count": "dedup",
-                 "ppl_wayra": "perplexity", "ppl_kenlm": "perplexity", "ppl_bucket": "perplexity"}
+# How to switch on a stage that needs more than its `enabled` (any other: `<stage>.enabled: true`).
 STAGE_FIX = {"perplexity": "perplexity.enabled: true (it needs a student: `quipu ppl distill`)",
-             "quality": "quality.enabled: true (it needs a classifier: `quipu quality train`)",
-             "dedup": "dedup.enabled: true", "langid": "langid.enabled: true"}
+             "quality": "quality.enabled: true (it needs a classifier: `quipu quality train`)"}
 
 
 @dataclass
@@ -73,6 +70,12 @@ def curate_columns(config) -> tuple[set[str], set[str]]:
     columns = {f.name for f in BASE_FIELDS} | {f.name for f in URL_FIELDS}
     columns |= {f.name for s in STAGES if s.name in stages for f in s.columns}
     return columns, stages
+
+
+def column_stage(column: str) -> str | None:
+    """The pipeline stage that writes `column` (a classifier in tasks/classifiers/ included), if any."""
+    from quipu.tasks.pipeline import STAGES
+    return next((s.name for s in STAGES for f in s.columns if f.name == column), None)
 
 
 def producers(deployments: list[dict], configs: dict[str, str], root: Path | None = None) -> list[Producer]:
@@ -148,9 +151,10 @@ def check_chain(deployments: list[dict], configs: dict[str, str], root: Path | N
                     for col, what in needed.items():
                         if col in p.columns:
                             continue
-                        stage = COLUMN_STAGES.get(col)
+                        stage = column_stage(col)
                         alt = "set `order: shuffle`" if col == "ppl_wayra" else f"drop {what}"
-                        fix = f", or switch on {STAGE_FIX[stage]} in {p.file}" if stage else ""
+                        switch = STAGE_FIX.get(stage, f"{stage}.enabled: true")
+                        fix = f", or switch on {switch} in {p.file}" if stage else ""
                         errors.append(f"{where}: {what} needs column {col!r}, which {p.where} does not write "
                                       f"({stage + ' is off' if stage else 'no stage writes it'}); "
                                       f"fix: {alt} in {file}{fix}")

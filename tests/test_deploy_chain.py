@@ -52,6 +52,9 @@ def test_shipped_deployments_fit_together_and_training_listens_to_its_blend():
      r"in .*tokenize-train.yaml, or switch on perplexity.enabled: true"),
     (lambda c: _phase(c)["sources"][0].update(where={"quality_score": ">= 0.5", "lang": "es"}), None,
      r"sources\[0\].where.quality_score needs column 'quality_score'.*quality is off.*quality.enabled: true"),
+    # a classifier stage found in tasks/classifiers/ is named with its switch, as the built-in stages are
+    (lambda c: _phase(c)["sources"][0].update(where={"news_score": ">= 0.5"}), None,
+     r"sources\[0\].where.news_score needs column 'news_score'.*\(news is off\).*switch on news.enabled: true"),
     (lambda c: _phase(c)["sources"][0].update(dup_upsample_cap=3), lambda c: c.update(dedup={"enabled": False}),
      r"sources\[0\].dup_upsample_cap needs column 'dup_count'.*curate.yaml\) does not write \(dedup is off\)"),
     (None, lambda c: c["langid"].update(languages=["en", "es"]),
