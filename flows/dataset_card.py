@@ -42,6 +42,16 @@ COLUMN_DOCS = {
 }
 
 
+def column_doc(column: str) -> str:
+    """What a curated column means; a column of a stage with no entry above (a classifier dropped into
+    tasks/classifiers/) is named by the stage that writes it."""
+    from quipu.tasks.pipeline import column_stage
+    if column in COLUMN_DOCS:
+        return COLUMN_DOCS[column]
+    stage = column_stage(column)
+    return f"written by stage `{stage}` (README: Stages)" if stage else ""
+
+
 def _languages(shards: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for path in shards:
@@ -92,7 +102,7 @@ def dataset_card(summary: dict, name: str, license: str | None, version: str) ->
             "## Columns", "", "| column | type | meaning |", "|---|---|---|"]
     if shards:
         for field in pq.read_schema(shards[0]):
-            out.append(f"| `{field.name}` | `{field.type}` | {COLUMN_DOCS.get(field.name, '')} |")
+            out.append(f"| `{field.name}` | `{field.type}` | {column_doc(field.name)} |")
     out += ["", "## Licence", "",
             f"Dataset licence field: `{license or 'other'}` (set `curated.license` in the curate config). The "
             "documents keep the licences of their sources: check the input files below before redistribution.", "",

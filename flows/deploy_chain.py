@@ -72,12 +72,6 @@ def curate_columns(config) -> tuple[set[str], set[str]]:
     return columns, stages
 
 
-def column_stage(column: str) -> str | None:
-    """The pipeline stage that writes `column` (a classifier in tasks/classifiers/ included), if any."""
-    from quipu.tasks.pipeline import STAGES
-    return next((s.name for s in STAGES for f in s.columns if f.name == column), None)
-
-
 def producers(deployments: list[dict], configs: dict[str, str], root: Path | None = None) -> list[Producer]:
     """`root`: where a curate form's config file is read from (the checkout; default the cwd)."""
     from quipu.catalog.names import name_from
@@ -117,6 +111,7 @@ def _catalog_datasets() -> set[str]:
 
 def check_chain(deployments: list[dict], configs: dict[str, str], root: Path | None = None) -> tuple[list[str], list[str]]:
     """(errors, warnings) of the resolved deployments taken together (config files under `root`)."""
+    from quipu.tasks.pipeline import column_stage
     from quipu.trainer.data import parse_condition
     from quipu.trainer.train import TrainConfig
 

@@ -52,6 +52,11 @@ def stage_names() -> list[str]:
     return [s.name for s in STAGES]
 
 
+def column_stage(column: str) -> str | None:
+    """The stage that writes `column` (a classifier in tasks/classifiers/ included), if any."""
+    return next((s.name for s in STAGES for f in s.columns if f.name == column), None)
+
+
 def stage_class(name: str) -> type[Stage]:
     for s in STAGES:
         if s.name == name:

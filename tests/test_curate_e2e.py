@@ -162,6 +162,16 @@ def test_dataset_card_describes_the_run(reference_run):
         assert f"| {s['name']} | {s['input_docs']:,} | {s['kept_docs']:,} |" in card
 
 
+def test_every_stage_column_has_a_meaning_in_the_card():
+    """A column with no written description (a classifier dropped into tasks/classifiers/) is still
+    explained by the stage that writes it; every pipeline column has a meaning."""
+    from quipu.flows.dataset_card import column_doc
+    from quipu.tasks.pipeline import STAGES
+    assert "`news`" in column_doc("news_score") and column_doc("quality_score").startswith("probability")
+    assert column_doc("no_such_column") == ""
+    assert [f.name for s in STAGES for f in s.columns if not column_doc(f.name)] == []
+
+
 @pytest.mark.slow
 def test_kill_and_resume_gives_the_same_bytes(reference_run, inputs, tmp_path):
     """SIGKILL `quipu curate` once shard outputs exist, re-run into the same directory: the curated
