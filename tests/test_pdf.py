@@ -350,3 +350,44 @@ def test_shared_pdfs_with_expected_text(shared_data):
     assert owner_only.reason is None and owner_only.metadata["pdf_pages_text"] == 3
     assert "Beautiful is better than ugly" in read_pdf(str(d / "pdfminer__zen_of_python_corrupted.pdf"), cfg).text
     assert read_pdf(str(d / "docling__ocr_test.pdf"), cfg).reason == "pdf:needs_ocr"
+
+
+def test_long_pdf_read_in_page_ranges_is_the_same_document(tmp_path):
+    """A PDF split into units of 3 pages (pages_per_unit) is read on the workers as ranges and
+    joined into the document the unsplit PDF gives, byte for byte: text (running headers and page
+    numbers found across the whole document, a paragraph running on across a range boundary),
+    metadata, page counts and dropped-page rows (a scan under ocr: never, the pages past max_pages);
+    every page and file accounted. A PDF pdfium cannot open is planned as one unit."""
+    from quipu.tasks.extract import run_extract
+    from quipu.tasks.pdf_ranges import plan_unit
+    from quipu.tasks.stage import RunContext
+    text = make_pdf(prose("es", 84, seed=5), "es", seed=1)
+    scan = make_pdf(PARAGRAPHS["es"][:2], "es", seed=1, image_only=True, image_dpi=72)
+    assert text.pages >= 4
+    path = tmp_path / "long.pdf"      # 8 pages: 4 of text, a scan, 3 of text again
+    path.write_bytes(_joined_pdf((text.data, [0, 1, 2, 3]), (scan.data, None), (text.data, [0, 1, 2])))
+    runs = {}
+    for ppu in (0, 3):
+        cfg = ExtractConfig(pdf=PdfConfig(ocr="never", max_pages=7, pages_per_unit=ppu))
+        assert len(plan_unit([str(path)], cfg.pdf)) == (1 if ppu == 0 else 3)     # pages 1-3, 4-6, 7
+        results, report = run_extract([[str(path)]], RunContext(str(tmp_path / f"run{ppu}")), cfg)
+        (r,) = results
+        runs[ppu] = ({p.name: pq.read_table(p.path).to_pylist() for p in r.kept_shards},
+                     sorted(pq.read_table(r.removed.path).to_pylist(), key=lambda x: x["id"]), r.shard,
+                     {k: report[k] for k in ("records_read", "input_docs", "kept_docs", "removed_docs",
+                                             "removed_page_rows", "quarantined", "files")},
+                     {k: v for k, v in report["stats"]["pdf"].items() if not k.startswith("seconds")})
+    assert len(list((tmp_path / "run3" / "extract" / "_pdf_pages").iterdir())) == 3
+    assert runs[3] == runs[0]
+    kept, removed, _, counts, stats = runs[3]
+    (doc,) = next(iter(kept.values()))
+    meta = json.loads(doc["metadata"])
+    assert (meta["pdf_pages"], meta["pdf_pages_text"]) == (8, 6)
+    assert [(x["id"].split("#")[1], x["reason"]) for x in removed] == [("page=5", "pdf:needs_ocr"),
+                                                                       ("page=8", "pdf:over_max_pages")]
+    assert (counts["records_read"], counts["input_docs"], counts["kept_docs"], counts["removed_page_rows"]) == (1, 1, 1, 2)
+    assert stats["running_lines_removed"] + stats["page_numbers_removed"] >= 6
+    _check_clean(doc["text"], text)
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 64)
+    assert plan_unit([str(bad)], PdfConfig(pages_per_unit=1)) == [[str(bad)]]
