@@ -281,10 +281,9 @@ def _input_label(item: Input) -> str:
 def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, removed_schema: pa.Schema | None = None,
                  pdf_read: Callable = pdf.read_pdf) -> ExtractResult | pdf_ranges.PdfPagesPart:
     """Extract a work unit (input files, or one part of a large file, read in order) into kept
-    shards, a removed shard and a quarantine file, with each file's own account. Removed rows are
-    written in `removed_schema` (the run's, which every stage's removed/ shares; None: extract's own).
-    A long PDF's page range gives its pages, not a document (`pdf_ranges`); the PDF's own unit then
-    joins them (`pdf_read`, see `run_extract`)."""
+    shards, a removed shard and a quarantine file, with each file's own account; removed rows in
+    `removed_schema` (the run's; None: extract's own). A long PDF's page range gives its pages, not
+    a document (`pdf_ranges`): the PDF's own unit joins them (`pdf_read`, see `run_extract`)."""
     run = RunContext(str(run_dir), removed_schema=removed_schema)
     layout = run.layout(STAGE)
     key = unit_key(items)
@@ -296,8 +295,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
                       "config": cfg.model_dump(mode="json", exclude={"pack_mb"})})
     if pdf_ranges.is_range(items):
         return pdf_ranges.read_range(items[0], layout, key, fp, cfg.pdf)
-    done = load_done(marker, fp, ExtractResult)
-    if done is not None:
+    if (done := load_done(marker, fp, ExtractResult)) is not None:
         return done
 
     t0 = time.perf_counter()
@@ -379,8 +377,9 @@ def run_extract(units: list[list[Input]], run: RunContext, cfg: ExtractConfig, m
     for unit, p in zip(units, plan):
         got = [next(done) for _ in p]
         if len(p) > 1:      # the PDF's one document, from its ranges' pages (the join is cheap: layout only)
-            got = [extract_unit(unit, run.run_dir, cfg, run.removed_schema,
-                                lambda _source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg))]
+            joined = extract_unit(unit, run.run_dir, cfg, run.removed_schema,
+                                  lambda _source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg))
+            got = [joined.model_copy(update={"seconds": joined.seconds + sum(part.seconds for part in got)})]
             progress.shard_done(got[0])
         results.extend(got)
     report = aggregate_extract(results)
