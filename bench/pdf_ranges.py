@@ -4,10 +4,11 @@ its own PDF child process, as the curate flow's task runner), the planner's page
 the join; the document must come out the same bytes both ways.
 
 The PDF is made from known text (quipu.demo.pdfs: running headers, page numbers, hyphenation),
-its 4 pages repeated to `--pages` pages; text layer only (`ocr: never`): OCR pages split the same
-way and cost ~800x more each, so the split matters most there.
+its 4 pages repeated to `--pages` pages: text layer only (`ocr: never`), or with `--scan` as
+image-only pages read by OCR (`ocr_languages: [spa]`: one language, so that each range's OCR is the
+whole document's; OCR pages cost ~800x a text-layer page, so the split matters most there).
 
-    .venv/bin/python bench/pdf_ranges.py [--pages 400] [--per-unit 100] [--workers 2] [--append bench/RESULTS.md]
+    .venv/bin/python bench/pdf_ranges.py [--pages 400] [--per-unit 100] [--workers 2] [--scan] [--append bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def long_pdf(pages: int) -> bytes:
+def long_pdf(pages: int, scan: bool) -> bytes:
     import pypdfium2 as pdfium
 
     from quipu.demo.pdfs import make_pdf, prose
-    made = make_pdf(prose("es", 84, seed=5), "es", seed=1)
+    made = make_pdf(prose("es", 84, seed=5), "es", seed=1, image_only=scan)
     src, doc = pdfium.PdfDocument(made.data), pdfium.PdfDocument.new()
     while len(doc) < pages:
         doc.import_pages(src, list(range(min(len(src), pages - len(doc)))))
@@ -37,14 +38,13 @@ def long_pdf(pages: int) -> bytes:
     return buf.getvalue()
 
 
-def timed_extract(path: str, run_dir: str, per_unit: int, workers: int) -> tuple[float, float, str]:
+def timed_extract(path: str, run_dir: str, pdf_cfg, workers: int) -> tuple[float, float, str]:
     """(seconds of extract, seconds of its map over units, the document's text)."""
     import pyarrow.parquet as pq
 
     from quipu.tasks.extract import ExtractConfig, extract_unit, run_extract
-    from quipu.tasks.pdf import PdfConfig
     from quipu.tasks.stage import RunContext
-    cfg = ExtractConfig(pdf=PdfConfig(ocr="never", pages_per_unit=per_unit))
+    cfg = ExtractConfig(pdf=pdf_cfg)
     mapped = [0.0]
 
     def map_units(units, run, cfg, on_result):
@@ -65,12 +65,13 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=400)
     ap.add_argument("--per-unit", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--scan", action="store_true", help="image-only pages, read by OCR")
     ap.add_argument("--append", help="append the table to this Markdown file")
     args = ap.parse_args()
     from quipu.tasks.pdf import PdfConfig, page_count
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "long.pdf")
-        Path(path).write_bytes(long_pdf(args.pages))
+        Path(path).write_bytes(long_pdf(args.pages, args.scan))
         cfg = PdfConfig(pages_per_unit=args.per_unit)
         t0 = time.perf_counter()
         assert page_count(path, cfg) == args.pages
@@ -82,14 +83,15 @@ def main() -> None:
         rows, texts = [], {}
         for name, per_unit, workers in (("whole (anchor)", 0, 1), ("ranges", args.per_unit, 1),
                                         ("ranges", args.per_unit, args.workers)):
+            pdf_cfg = PdfConfig(ocr="auto" if args.scan else "never", ocr_languages=["spa"], pages_per_unit=per_unit)
             seconds, mapped, texts[(per_unit, workers)] = timed_extract(path, os.path.join(tmp, f"run{per_unit}-{workers}"),
-                                                                        per_unit, workers)
+                                                                        pdf_cfg, workers)
             rows.append((name, per_unit, workers, seconds, seconds - mapped))
         same = len(set(texts.values())) == 1
     load = os.getloadavg()
     lines = [f"## Long PDF in page ranges (`bench/pdf_ranges.py --pages {args.pages} --per-unit {args.per_unit} "
-             f"--workers {args.workers}`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-             f"{args.pages} text-layer pages (`ocr: never`); load average {load[0]:.1f} on {os.cpu_count()} cores. "
+             f"--workers {args.workers}{' --scan' if args.scan else ''}`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             f"{args.pages} {'image-only pages read by OCR (`ocr_languages: [spa]`)' if args.scan else 'text-layer pages (`ocr: never`)'}; load average {load[0]:.1f} on {os.cpu_count()} cores. "
              f"Page-count probe in the PDF child: {cold * 1000:.0f} ms cold (child start), {warm * 1000:.1f} ms warm. "
              f"Same document text split and whole: **{same}**.", "",
              "| read as | pages per unit | threads | extract wall s | of which join s | vs anchor |", "|---|---:|---:|---:|---:|---:|"]
