@@ -299,7 +299,8 @@ def test_pages_dropped_from_a_kept_pdf_are_rows_of_extract_removed(tmp_path):
 
 @pytest.mark.slow
 def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
-    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report.
+    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report;
+    a 4-page PDF read as two Prefect tasks of 2 pages (pages_per_unit) is one document.
     (Slow: a `quipu curate` subprocess, 60-100 s here under load; the PDF work in it is < 1 s.)"""
     from quipu.tasks.pipeline import STAGES
     from tests.conftest import run_quipu
@@ -308,13 +309,19 @@ def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     (d / "a.pdf").write_bytes(make_pdf(PARAGRAPHS["es"][:4], "es", seed=1).data)
     (d / "b.pdf").write_bytes(_encrypted("secret", "x"))
     (d / "c.pdf").write_bytes(make_pdf(PARAGRAPHS["pt"][:2], "pt", seed=2, image_only=True, image_dpi=72).data)
+    (d / "d.pdf").write_bytes(make_pdf(prose("es", 84, seed=5), "es", seed=1).data)    # 4 pages
     out = tmp_path / "run"
     off = [f"--set={s.name}.enabled=false" for s in STAGES]
     r = run_quipu("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(d / "*.pdf"), "--output", str(out),
-                  *off, "--set=extract.pdf.ocr=never")
+                  *off, "--set=extract.pdf.ocr=never", "--set=extract.pdf.pages_per_unit=2")
     assert r.returncode == 0, r.stderr[-3000:]
+    ranges = sorted(m.name.rsplit("-", 1)[1] for m in (out / "extract" / "_shards").glob("d.pdf-*-p*.json"))
+    assert ranges == ["p0.json", "p2.json"]       # read as two units (tasks) of 2 pages
     run = json.loads((out / "run.json").read_text())
-    assert run["records_read"] == 3
+    assert run["records_read"] == 4 and run["stages"][0]["kept_docs"] == 2
+    files = json.loads((out / "extract" / "report.json").read_text())["files"]
+    assert [(f["documents"], f["kept"]) for f in files if f["source"].endswith("d.pdf")] == [(1, 1)]
+    assert not (out / "extract" / "_pdf_pages").exists()     # work files, gone once the run completed
     extract = run["stages"][0]
     assert extract["removed_by_reason"] == {"extract:pdf:encrypted": 1, "extract:pdf:needs_ocr": 1}
     assert extract["pdf"]["pages_dropped"] == {"pdf:needs_ocr": 1}
