@@ -50,9 +50,10 @@ def plan_unit(unit: list, cfg: PdfConfig) -> list[list]:
         return [unit]
     path = unit[0]
     local = readers.local_path(path)
+    if local is None or readers.reader_kind(path) != "pdf" or readers.file_problem(path):
+        return [unit]
     size = readers.file_size(path)
-    if local is None or readers.reader_kind(path) != "pdf" or readers.file_problem(path) \
-            or size is None or size < cfg.pages_per_unit * MIN_BYTES_PER_PAGE:
+    if size is None or size < cfg.pages_per_unit * MIN_BYTES_PER_PAGE:
         return [unit]
     pages = pdf.page_count(local, cfg)
     if pages is None or min(pages, cfg.max_pages) <= cfg.pages_per_unit:

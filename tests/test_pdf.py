@@ -398,3 +398,27 @@ def test_long_pdf_read_in_page_ranges_is_the_same_document(tmp_path):
     bad = tmp_path / "bad.pdf"
     bad.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 64)
     assert plan_unit([str(bad)], PdfConfig(pages_per_unit=1)) == [[str(bad)]]
+
+
+def test_join_of_ranges_accounts_a_range_that_could_not_open(tmp_path):
+    """A range whose reader could not open the file (a timeout on a loaded machine, a file changed
+    under it) drops its own pages as pdf:page_error with the reason; none opened: the document is
+    unread with the first range's reason, as an unsplit read of it."""
+    from quipu.tasks.pdf_ranges import PdfPagesPart, join_ranges
+    from quipu.tasks.stage import Shard
+    line = [60.0, 300.0, 400.0, 412.0, "Una frase con bastantes palabras para ser una línea de texto."]
+    bodies = [{"first": 0, "end": 2, "info": {"pages": 3, "producer": None, "title": None, "repaired": False}, "error": None,
+               "results": [[i, {"status": "text", "width": 595.0, "height": 842.0, "lines": [line]}] for i in (0, 1)]},
+              {"first": 2, "end": 3, "info": None, "error": ["pdf:unreadable", "the parser timed out opening it"], "results": []}]
+    parts = []
+    for n, body in enumerate(bodies):
+        path = tmp_path / f"p{n}.json"
+        path.write_text(json.dumps(body))
+        parts.append(PdfPagesPart(shard=f"p{n}", fingerprint="x", source="a.pdf", first_page=body["first"] + 1,
+                                  last_page=body["end"], pages=Shard(name="p", path=str(path), sha256="", rows=0)))
+    got = join_ranges(parts[::-1], PdfConfig())         # in page order whatever order they come in
+    assert got.reason is None and got.text.startswith("Una frase")
+    assert got.metadata["pdf_pages"] == 3 and got.metadata["pdf_pages_dropped"] == {"pdf:page_error": 1}
+    assert got.lost_pages == [(3, 3, "pdf:page_error", "pdf:unreadable the parser timed out opening it")]
+    unread = join_ranges(parts[1:], PdfConfig())
+    assert (unread.reason, unread.metadata) == ("pdf:unreadable", {"pdf_error": "the parser timed out opening it"})
