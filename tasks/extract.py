@@ -26,7 +26,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from quipu.catalog.files import sha256_file, sha256_json, write_json_atomic
-from quipu.tasks import extract_accounts, pdf, pdf_layout, readers, records, text_repair, warc
+from quipu.tasks import extract_accounts, pdf, pdf_layout, pdf_ranges, readers, records, text_repair, warc
 from quipu.tasks.child_worker import ChildWorker
 from quipu.tasks.pdf import PdfConfig
 from quipu.tasks.driver import NO_PROGRESS, Progress, load_done, merge_counts, write_report
@@ -148,13 +148,14 @@ def control_char_ratio(text: str, sample: int = 100_000) -> float:
 
 
 def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None,
-           lost_pages: list | None = None) -> tuple[str, str | None]:
+           lost_pages: list | None = None, pdf_read: Callable = pdf.read_pdf) -> tuple[str, str | None]:
     """(text, removal reason or None) for one record. A PDF's page counts are added to `pdf_stats`,
-    the pages it dropped to `lost_pages` and its fields (pdf_pages, ...) to the record's metadata."""
+    the pages it dropped to `lost_pages` and its fields (pdf_pages, ...) to the record's metadata.
+    `pdf_read(source, cfg.pdf)` reads a PDF (a long one's unit: joins its page ranges already read)."""
     if record.reject:
         return record.text or "", f"extract:{record.reject}"
     if record.pdf is not None:
-        got = pdf.read_pdf(record.pdf, cfg.pdf)
+        got = pdf_read(record.pdf, cfg.pdf)
         record.metadata.update(got.metadata)
         if pdf_stats is not None:
             merge_counts(pdf_stats, got.stats)
@@ -205,7 +206,8 @@ def file_key(path: str) -> str:
 
 
 def code_version() -> str:
-    return module_version(sys.modules[__name__], extract_accounts, readers, records, text_repair, warc, pdf, pdf_layout)
+    return module_version(sys.modules[__name__], extract_accounts, readers, records, text_repair, warc, pdf, pdf_layout,
+                          pdf_ranges)
 
 
 Input = str | readers.FileSlice        # a whole file, or part of a large one
@@ -239,13 +241,16 @@ def input_path(item: Input) -> str:
     return item.path if isinstance(item, readers.FileSlice) else item
 
 
+PART_TAG = {"jsonl": "b", "parquet": "rg", "pdf": "p"}      # in a part's unit key: bytes, row groups, pages
+
+
 def unit_key(items: list[Input]) -> str:
     """The name of a unit's outputs: the file's key (and its part), or the first file's key and
     the unit's size."""
     if len(items) == 1:
         item = items[0]
         if isinstance(item, readers.FileSlice):
-            return f"{file_key(item.path)}-{'b' if item.kind == 'jsonl' else 'rg'}{item.start}"
+            return f"{file_key(item.path)}-{PART_TAG[item.kind]}{item.start}"
         return file_key(item)
     digest = hashlib.sha1(b"\n".join(map(os.fsencode, items))).hexdigest()[:8]
     return f"{file_key(items[0])}-pack{len(items)}-{digest}"
@@ -273,11 +278,12 @@ def _input_label(item: Input) -> str:
     return f"{item.path} [{item.describe()}]" if isinstance(item, readers.FileSlice) else item
 
 
-def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
-                 removed_schema: pa.Schema | None = None) -> ExtractResult:
+def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, removed_schema: pa.Schema | None = None,
+                 pdf_read: Callable = pdf.read_pdf) -> ExtractResult | pdf_ranges.PdfPagesPart:
     """Extract a work unit (input files, or one part of a large file, read in order) into kept
-    shards, a removed shard and a quarantine file, with each file's own account. Removed rows are
-    written in `removed_schema` (the run's, which every stage's removed/ shares; None: extract's own)."""
+    shards, a removed shard and a quarantine file, with each file's own account; removed rows in
+    `removed_schema` (the run's; None: extract's own). A long PDF's page range gives its pages, not
+    a document (`pdf_ranges`): the PDF's own unit joins them (`pdf_read`, see `run_extract`)."""
     run = RunContext(str(run_dir), removed_schema=removed_schema)
     layout = run.layout(STAGE)
     key = unit_key(items)
@@ -287,8 +293,9 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
     # pack_mb decides which files (or parts) form a unit, already named by `inputs`
     fp = sha256_json({"stage": STAGE, "inputs": [[_input_label(p), sha] for p, sha in zip(items, shas)], "code": code_version(),
                       "config": cfg.model_dump(mode="json", exclude={"pack_mb"})})
-    done = load_done(marker, fp, ExtractResult)
-    if done is not None:
+    if pdf_ranges.is_range(items):
+        return pdf_ranges.read_range(items[0], layout, key, fp, cfg.pdf)
+    if (done := load_done(marker, fp, ExtractResult)) is not None:
         return done
 
     t0 = time.perf_counter()
@@ -310,7 +317,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig,
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg, pdf_stats, lost := [])
+                text, reason = decide(item, cfg, pdf_stats, lost := [], pdf_read)
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -359,9 +366,22 @@ def run_extract(units: list[list[Input]], run: RunContext, cfg: ExtractConfig, m
     """Extract over its work units as the driver runs a stage: `progress.start`, every unit
     (`map_units(units, run, cfg, on_result)`: the curate flow's one task per unit; by default here,
     in order) with `progress.shard_done` as each is done, then the stage report: summed, checked,
-    `progress.finish` and written (`extract/report.json`). Returns the units' results and the report."""
-    progress.start([STAGE], len(units))
-    results = (map_units or extract_units)(units, run, cfg, progress.shard_done)
+    `progress.finish` and written (`extract/report.json`). Returns the units' results and the report.
+    A long PDF's unit is read as its page ranges (`pdf_ranges.plan_unit`), mapped with the other
+    units; its one document is then made here from their pages, in the unit's place (`join_ranges`)."""
+    plan = [pdf_ranges.plan_unit(unit, cfg.pdf) for unit in units]     # a long PDF: its page ranges
+    work = [w for p in plan for w in p]
+    progress.start([STAGE], len(work) + sum(len(p) > 1 for p in plan))
+    done = iter((map_units or extract_units)(work, run, cfg, progress.shard_done))
+    results = []
+    for unit, p in zip(units, plan):
+        got = [next(done) for _ in p]
+        if len(p) > 1:      # the PDF's one document, from its ranges' pages (the join is cheap: layout only)
+            joined = extract_unit(unit, run.run_dir, cfg, run.removed_schema,
+                                  lambda _source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg))
+            got = [joined.model_copy(update={"seconds": joined.seconds + sum(part.seconds for part in got)})]
+            progress.shard_done(got[0])
+        results.extend(got)
     report = aggregate_extract(results)
     progress.finish(STAGE, report)
     write_report(run.run_dir, STAGE, report)

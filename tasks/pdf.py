@@ -62,8 +62,9 @@ class PdfConfig(BaseModel):
     ocr_dpi: int = Field(300, ge=72, le=600, description="resolution pages are rendered at for OCR")
     max_ocr_megapixels: float = Field(40.0, gt=0, description="a page rendered for OCR is scaled down to at most this many pixels (a huge page is no memory bomb)")
     page_timeout_s: float = Field(60.0, gt=0, description="one page (text layer or OCR) taking longer is dropped (pdf:page_timeout)")
-    doc_timeout_s: float = Field(1800.0, gt=0, description="pages still unread after this long are dropped (pdf:time_budget)")
+    doc_timeout_s: float = Field(1800.0, gt=0, description="pages still unread after this long are dropped (pdf:time_budget); a long PDF read in page ranges: per range")
     max_pages: int = Field(2000, gt=0, description="pages after this many are not read (pdf:over_max_pages)")
+    pages_per_unit: int = Field(200, ge=0, description="a local PDF with more pages is read as work units of this many pages each, joined into one document (quipu.tasks.pdf_ranges); 0: never split")
     max_memory_mb: int = Field(2048, ge=256, description="address-space limit of the process that parses PDFs (a page exceeding it is pdf:page_error)")
     min_page_chars: int = Field(20, ge=1, description="a text layer with fewer non-space characters counts as none")
     min_letter_ratio: float = Field(0.5, ge=0, le=1, description="a text layer with a smaller share of letters and digits among its non-space characters is garbage")
@@ -121,8 +122,23 @@ def _serve(conn, max_memory_mb: int) -> None:   # runs in the child
             msg = conn.recv()
         except EOFError:
             return
+        if msg[0] == "count":       # the planner asks how many pages a long PDF has
+            conn.send(_page_count(msg[1]))
+            continue
         _, source, start, cfg = msg
         _read_pages(conn, source, start, cfg)
+
+
+def _page_count(source: bytes | str) -> tuple:
+    import pypdfium2 as pdfium
+    try:
+        doc = pdfium.PdfDocument(source)
+    except (pdfium.PdfiumError, MemoryError) as e:   # encrypted, damaged: read whole, as any PDF
+        return ("error", str(e)[:200])
+    try:
+        return ("count", len(doc))
+    finally:
+        doc.close()
 
 
 def ocr_language(text: str, languages: list[str]) -> str | None:
@@ -487,13 +503,40 @@ def _worker(max_memory_mb: int) -> ChildWorker:
 def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
     """Read one PDF (its bytes, or a local path) page by page in the child process, restarting it
     past a page that hangs or kills it; see the module docstring."""
+    info, results, error = read_pages(source, cfg)
+    if info is None:
+        return unread(*error)
+    return document(info, results, cfg)
+
+
+def unread(reason: str, detail: str) -> PdfRead:
+    """A PDF that could not be opened at all: removed with `reason`."""
+    return PdfRead("", reason, {"pdf_error": detail}, {"documents": 1, "documents_unread": {reason: 1}})
+
+
+def page_count(source: bytes | str, cfg: PdfConfig) -> int | None:
+    """How many pages a PDF has, asked of the child process under its limits (a hostile file costs
+    at most `page_timeout_s`); None when pdfium cannot open it as it is."""
+    worker = _worker(cfg.max_memory_mb)
+    worker.send(("count", source))
+    msg = worker.receive(cfg.page_timeout_s + 10)
+    return msg[1] if msg[0] == "count" else None
+
+
+def read_pages(source: bytes | str, cfg: PdfConfig, first: int = 0,
+               end: int | None = None) -> tuple[dict | None, dict[int, dict], tuple[str, str] | None]:
+    """(the document's info, each page's result by index, None), pages `first` to `end` (0-based,
+    end excluded; at most `max_pages`) read in the child process, restarting it past a page that
+    hangs or kills it; (None, {}, (reason, detail)) when the file cannot be opened. Its time budget
+    (`doc_timeout_s`) is this call's."""
+    stop = min(cfg.max_pages, end if end is not None else cfg.max_pages)
     exe, languages = tesseract_setup(tuple(cfg.ocr_languages)) if cfg.ocr != "never" else (None, ())
-    job = {"pdf": cfg.model_dump(), "max_pages": cfg.max_pages, "tesseract": exe, "languages": list(languages)}
+    job = {"pdf": cfg.model_dump(), "max_pages": stop, "tesseract": exe, "languages": list(languages)}
     worker = _worker(cfg.max_memory_mb)
     deadline = time.monotonic() + cfg.doc_timeout_s
     results: dict[int, dict] = {}
     info: dict | None = None
-    start, batch = 0, True
+    start, batch = first, True
     while True:
         worker.send(("read", source, start, {**job, "batch": batch}))
         msg = worker.receive(cfg.page_timeout_s + 10)
@@ -501,11 +544,11 @@ def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
             reason = msg[1] if msg[0] == "error" else "pdf:unreadable"
             detail = msg[2] if msg[0] == "error" else f"the parser {'timed out' if msg[0] == 'timeout' else 'crashed'} opening it"
             if info is None:
-                return PdfRead("", reason, {"pdf_error": detail}, {"documents": 1, "documents_unread": {reason: 1}})
-            results.update({i: {"status": "dropped", "reason": "pdf:page_error"} for i in range(start, _last(info, cfg))})
+                return None, {}, (reason, detail)
+            results.update({i: {"status": "dropped", "reason": "pdf:page_error"} for i in range(start, _last(info, stop))})
             break
         info = msg[1]
-        last = _last(info, cfg)
+        last = _last(info, stop)
         i, finished = start, False
         while True:
             left = deadline - time.monotonic()
@@ -537,14 +580,14 @@ def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
         if finished or i >= last:
             break
         start = i
-    return _document(info, results, cfg)
+    return info, results, None
 
 
-def _last(info: dict, cfg: PdfConfig) -> int:
-    return min(info["pages"], cfg.max_pages)
+def _last(info: dict, stop: int) -> int:
+    return min(info["pages"], stop)
 
 
-def _document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
+def document(info: dict, results: dict[int, dict], cfg: PdfConfig) -> PdfRead:
     """The document's text, metadata and page counts from its pages' results."""
     pages, dropped, lost = [], {}, []
     n_text = n_ocr = n_empty = words = 0

@@ -94,6 +94,8 @@ def _local(path: str) -> str | None:
     return None if "://" in path else path
 
 
+local_path = _local     # the name other modules use
+
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs (local or fsspec) to a sorted, de-duplicated list of files.
 
@@ -174,10 +176,11 @@ def file_size(path: str) -> int | None:
 @dataclass(frozen=True)
 class FileSlice:
     """Part of one large input file, read as a work unit of its own: plain JSONL bytes
-    [start, end) that begin after `before` lines, or parquet row groups [start, end) that begin
-    after `before` rows. `first_byte`/`last_byte` bound the bytes it reads (what its hash covers)."""
+    [start, end) that begin after `before` lines, parquet row groups [start, end) that begin
+    after `before` rows, or a long PDF's pages [start, end) of `before` (its page count; planned by
+    quipu.tasks.pdf_ranges). `first_byte`/`last_byte` bound the bytes it reads (what its hash covers)."""
     path: str
-    kind: str            # "jsonl" | "parquet"
+    kind: str            # "jsonl" | "parquet" | "pdf"
     start: int
     end: int
     before: int
@@ -185,6 +188,8 @@ class FileSlice:
     last_byte: int
 
     def describe(self) -> str:
+        if self.kind == "pdf":
+            return f"pages {self.start + 1}-{self.end}"
         what = "bytes" if self.kind == "jsonl" else "row groups"
         return f"{what} {self.start}-{self.end - 1}"
 

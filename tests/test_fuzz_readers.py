@@ -400,7 +400,7 @@ PDF_EXAMPLES = 40
 
 def _pdf_built() -> Built:
     from quipu.demo.pdfs import make_pdf
-    made = make_pdf([t for _, t in DOCS[:6]], "en", columns=2, seed=3)
+    made = make_pdf([t for _, t in DOCS], "en", columns=2, seed=3)      # 2 pages: split by pages_per_unit 1
     return Built(made.data, ["pdf"], [(0, len(made.data))])
 
 
@@ -410,15 +410,21 @@ def _pdf_built() -> Built:
 def test_fuzzed_pdf_is_one_accounted_record(data, tmp_path_factory):
     """A mutated PDF (truncated, bytes flipped, garbage inserted, ranges deleted or duplicated)
     is read in the PDF child process: never an exception, exactly one record (a document kept or
-    removed with an extract:pdf:* reason, or quarantined), the rows written match the counts."""
+    removed with an extract:pdf:* reason, or quarantined), the rows written match the counts. With
+    pages_per_unit 1, the planner asks each mutant's page count and one it can open is read a page
+    per unit, then joined: the same account."""
+    from quipu.tasks.extract import run_extract
     from quipu.tasks.pdf import PdfConfig
+    from quipu.tasks.stage import RunContext
     built = BUILT.setdefault("pdf", _pdf_built())
     kind = data.draw(st.sampled_from(["truncate", "flip", "garbage", "delete", "duplicate"]), label="mutation")
     mutated, _ = mutate("pdf", built, kind, data.draw)
     run = tmp_path_factory.mktemp("fuzzpdf")
     path = run / "in.pdf"
     path.write_bytes(mutated)
-    result = extract_file(str(path), run / "out", ExtractConfig(pdf=PdfConfig(ocr="never", page_timeout_s=20))).model_dump()
+    cfg = ExtractConfig(pdf=PdfConfig(ocr="never", page_timeout_s=20, pages_per_unit=1))
+    (result,), _ = run_extract([[str(path)]], RunContext(str(run / "out")), cfg)
+    result = result.model_dump()
     assert result["records_read"] == 1 == result["input_docs"] + result["quarantined"]
     kept = sum(pq.ParquetFile(s["path"]).metadata.num_rows for s in result["kept_shards"])
     removed = pq.read_table(result["removed"]["path"]).to_pylist()
@@ -426,5 +432,11 @@ def test_fuzzed_pdf_is_one_accounted_record(data, tmp_path_factory):
     assert kept + len(docs) == result["input_docs"] and len(removed) - len(docs) == result["removed_page_rows"]
     assert all(r["reason"].startswith("extract:") for r in docs), removed
     assert all(r["reason"].startswith("pdf:") for r in removed if r not in docs), removed
+    pages = result["stats"].get("pdf", {})
+    if "pages" in pages:       # every page read: from its text layer, empty or dropped, and each dropped one a row
+        dropped = sum(pages["pages_dropped"].values())
+        assert pages["pages"] == pages["pages_text"] + pages["pages_ocr"] + pages["pages_empty"] + dropped, pages
+        spans = [json.loads(r["metadata"]) for r in removed if r not in docs]
+        assert sum(m.get("pdf_page_last", m["pdf_page"]) - m["pdf_page"] + 1 for m in spans) == dropped
     assert not [p for p in run.rglob(".tmp-*")], "temporary files left"
     COUNTS["pdf"] = COUNTS.get("pdf", 0) + 1

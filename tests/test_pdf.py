@@ -299,7 +299,8 @@ def test_pages_dropped_from_a_kept_pdf_are_rows_of_extract_removed(tmp_path):
 
 @pytest.mark.slow
 def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
-    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report.
+    """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report;
+    a 4-page PDF read as two Prefect tasks of 2 pages (pages_per_unit) is one document.
     (Slow: a `quipu curate` subprocess, 60-100 s here under load; the PDF work in it is < 1 s.)"""
     from quipu.tasks.pipeline import STAGES
     from tests.conftest import run_quipu
@@ -308,13 +309,19 @@ def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     (d / "a.pdf").write_bytes(make_pdf(PARAGRAPHS["es"][:4], "es", seed=1).data)
     (d / "b.pdf").write_bytes(_encrypted("secret", "x"))
     (d / "c.pdf").write_bytes(make_pdf(PARAGRAPHS["pt"][:2], "pt", seed=2, image_only=True, image_dpi=72).data)
+    (d / "d.pdf").write_bytes(make_pdf(prose("es", 84, seed=5), "es", seed=1).data)    # 4 pages
     out = tmp_path / "run"
     off = [f"--set={s.name}.enabled=false" for s in STAGES]
     r = run_quipu("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(d / "*.pdf"), "--output", str(out),
-                  *off, "--set=extract.pdf.ocr=never")
+                  *off, "--set=extract.pdf.ocr=never", "--set=extract.pdf.pages_per_unit=2")
     assert r.returncode == 0, r.stderr[-3000:]
+    ranges = sorted(m.name.rsplit("-", 1)[1] for m in (out / "extract" / "_shards").glob("d.pdf-*-p*.json"))
+    assert ranges == ["p0.json", "p2.json"]       # read as two units (tasks) of 2 pages
     run = json.loads((out / "run.json").read_text())
-    assert run["records_read"] == 3
+    assert run["records_read"] == 4 and run["stages"][0]["kept_docs"] == 2
+    files = json.loads((out / "extract" / "report.json").read_text())["files"]
+    assert [(f["documents"], f["kept"]) for f in files if f["source"].endswith("d.pdf")] == [(1, 1)]
+    assert not (out / "extract" / "_pdf_pages").exists()     # work files, gone once the run completed
     extract = run["stages"][0]
     assert extract["removed_by_reason"] == {"extract:pdf:encrypted": 1, "extract:pdf:needs_ocr": 1}
     assert extract["pdf"]["pages_dropped"] == {"pdf:needs_ocr": 1}
@@ -350,3 +357,68 @@ def test_shared_pdfs_with_expected_text(shared_data):
     assert owner_only.reason is None and owner_only.metadata["pdf_pages_text"] == 3
     assert "Beautiful is better than ugly" in read_pdf(str(d / "pdfminer__zen_of_python_corrupted.pdf"), cfg).text
     assert read_pdf(str(d / "docling__ocr_test.pdf"), cfg).reason == "pdf:needs_ocr"
+
+
+def test_long_pdf_read_in_page_ranges_is_the_same_document(tmp_path):
+    """A PDF split into units of 3 pages (pages_per_unit) is read on the workers as ranges and
+    joined into the document the unsplit PDF gives, byte for byte: text (running headers and page
+    numbers found across the whole document, a paragraph running on across a range boundary),
+    metadata, page counts and dropped-page rows (a scan under ocr: never, the pages past max_pages);
+    every page and file accounted. A PDF pdfium cannot open is planned as one unit."""
+    from quipu.tasks.extract import run_extract
+    from quipu.tasks.pdf_ranges import plan_unit
+    from quipu.tasks.stage import RunContext
+    text = make_pdf(prose("es", 84, seed=5), "es", seed=1)
+    scan = make_pdf(PARAGRAPHS["es"][:2], "es", seed=1, image_only=True, image_dpi=72)
+    assert text.pages >= 4
+    path = tmp_path / "long.pdf"      # 8 pages: 4 of text, a scan, 3 of text again
+    path.write_bytes(_joined_pdf((text.data, [0, 1, 2, 3]), (scan.data, None), (text.data, [0, 1, 2])))
+    runs = {}
+    for ppu in (0, 3):
+        cfg = ExtractConfig(pdf=PdfConfig(ocr="never", max_pages=7, pages_per_unit=ppu))
+        assert len(plan_unit([str(path)], cfg.pdf)) == (1 if ppu == 0 else 3)     # pages 1-3, 4-6, 7
+        results, report = run_extract([[str(path)]], RunContext(str(tmp_path / f"run{ppu}")), cfg)
+        (r,) = results
+        runs[ppu] = ({p.name: pq.read_table(p.path).to_pylist() for p in r.kept_shards},
+                     sorted(pq.read_table(r.removed.path).to_pylist(), key=lambda x: x["id"]), r.shard,
+                     {k: report[k] for k in ("records_read", "input_docs", "kept_docs", "removed_docs",
+                                             "removed_page_rows", "quarantined", "files")},
+                     {k: v for k, v in report["stats"]["pdf"].items() if not k.startswith("seconds")})
+    assert len(list((tmp_path / "run3" / "extract" / "_pdf_pages").iterdir())) == 3
+    assert runs[3] == runs[0]
+    kept, removed, _, counts, stats = runs[3]
+    (doc,) = next(iter(kept.values()))
+    meta = json.loads(doc["metadata"])
+    assert (meta["pdf_pages"], meta["pdf_pages_text"]) == (8, 6)
+    assert [(x["id"].split("#")[1], x["reason"]) for x in removed] == [("page=5", "pdf:needs_ocr"),
+                                                                       ("page=8", "pdf:over_max_pages")]
+    assert (counts["records_read"], counts["input_docs"], counts["kept_docs"], counts["removed_page_rows"]) == (1, 1, 1, 2)
+    assert stats["running_lines_removed"] + stats["page_numbers_removed"] >= 6
+    _check_clean(doc["text"], text)
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 64)
+    assert plan_unit([str(bad)], PdfConfig(pages_per_unit=1)) == [[str(bad)]]
+
+
+def test_join_of_ranges_accounts_a_range_that_could_not_open(tmp_path):
+    """A range whose reader could not open the file (a timeout on a loaded machine, a file changed
+    under it) drops its own pages as pdf:page_error with the reason; none opened: the document is
+    unread with the first range's reason, as an unsplit read of it."""
+    from quipu.tasks.pdf_ranges import PdfPagesPart, join_ranges
+    from quipu.tasks.stage import Shard
+    line = [60.0, 300.0, 400.0, 412.0, "Una frase con bastantes palabras para ser una línea de texto."]
+    bodies = [{"first": 0, "end": 2, "info": {"pages": 3, "producer": None, "title": None, "repaired": False}, "error": None,
+               "results": [[i, {"status": "text", "width": 595.0, "height": 842.0, "lines": [line]}] for i in (0, 1)]},
+              {"first": 2, "end": 3, "info": None, "error": ["pdf:unreadable", "the parser timed out opening it"], "results": []}]
+    parts = []
+    for n, body in enumerate(bodies):
+        path = tmp_path / f"p{n}.json"
+        path.write_text(json.dumps(body))
+        parts.append(PdfPagesPart(shard=f"p{n}", fingerprint="x", source="a.pdf", first_page=body["first"] + 1,
+                                  last_page=body["end"], pages=Shard(name="p", path=str(path), sha256="", rows=0)))
+    got = join_ranges(parts[::-1], PdfConfig())         # in page order whatever order they come in
+    assert got.reason is None and got.text.startswith("Una frase")
+    assert got.metadata["pdf_pages"] == 3 and got.metadata["pdf_pages_dropped"] == {"pdf:page_error": 1}
+    assert got.lost_pages == [(3, 3, "pdf:page_error", "pdf:unreadable the parser timed out opening it")]
+    unread = join_ranges(parts[1:], PdfConfig())
+    assert (unread.reason, unread.metadata) == ("pdf:unreadable", {"pdf_error": "the parser timed out opening it"})

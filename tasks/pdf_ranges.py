@@ -1,0 +1,127 @@
+"""A very long PDF read as several work units of `extract.pdf.pages_per_unit` pages, joined into one
+document.
+
+Planning (`plan_unit`): a local PDF of at least `pages_per_unit` x `MIN_BYTES_PER_PAGE` bytes has
+its page count asked of the PDF child process (`pdf.page_count`: under the reader's memory limit
+and a time limit, so a hostile file costs the planner at most `page_timeout_s` and is then read
+whole); with more pages than `pages_per_unit` (up to `max_pages`) it becomes units of one page range
+each (`readers.FileSlice`, kind "pdf": pages [start, end) of `before`). Smaller files are never
+opened to plan: a PDF of fewer bytes than that is text-layer pages, which read at hundreds of
+pages/s; the pages that make a PDF long to read (scans for OCR) carry images, so bytes. A PDF that
+pdfium cannot open as it is (encrypted, truncated), a remote one, or one under the limit is one
+unit, as before.
+
+Reading (`read_range`): a range unit reads its pages as `pdf.read_pages` reads a whole PDF (same
+child process, limits, drops) and writes their raw results (each page's positioned lines, status,
+OCR words and confidence) to `extract/_pdf_pages/<unit key>.json` (a work folder: deleted when the run completes, unless
+`keep_work_files`); it makes no document.
+
+Joining (`join_ranges`): once every range is read, the PDF's unit is extracted as an unsplit one
+would be, with its pages taken from the parts instead of the child: `pdf.document` lays out ALL the
+pages together, so running headers, footers and page numbers are found across the whole document,
+paragraphs and hyphenated words run on across range boundaries, and the text, metadata, page counts,
+OCR confidence and dropped-page rows are those of the unsplit document, byte for byte. What is per
+range, not per document: the time budget (`doc_timeout_s`: each range has its own), and the OCR
+language a document's first OCR'd page teaches the next pages (each range learns it again; with one
+`ocr_languages` entry, or born-digital pages, nothing differs).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from quipu.catalog.files import sha256_file, write_bytes_atomic, write_json_atomic
+from quipu.tasks import pdf, readers
+from quipu.tasks.driver import load_done
+from quipu.tasks.pdf import PdfConfig, PdfRead
+from quipu.tasks.stage import Shard, StageLayout
+
+MIN_BYTES_PER_PAGE = 1024       # a PDF smaller than pages_per_unit pages of this many bytes is read whole
+PARTS_DIR = "_pdf_pages"
+
+
+def plan_unit(unit: list, cfg: PdfConfig) -> list[list]:
+    """The work units `unit` is read in: itself, or when it is one long local PDF, its page
+    ranges (see the module docstring)."""
+    if cfg.pages_per_unit == 0 or len(unit) != 1 or not isinstance(unit[0], str):
+        return [unit]
+    path = unit[0]
+    local = readers.local_path(path)
+    if local is None or readers.reader_kind(path) != "pdf" or readers.file_problem(path):
+        return [unit]
+    size = readers.file_size(path)
+    if size is None or size < cfg.pages_per_unit * MIN_BYTES_PER_PAGE:
+        return [unit]
+    pages = pdf.page_count(local, cfg)
+    if pages is None or min(pages, cfg.max_pages) <= cfg.pages_per_unit:
+        return [unit]
+    stop = min(pages, cfg.max_pages)
+    return [[readers.FileSlice(path, "pdf", a, min(a + cfg.pages_per_unit, stop), pages, 0, size)]
+            for a in range(0, stop, cfg.pages_per_unit)]
+
+
+def is_range(items: list) -> bool:
+    return len(items) == 1 and isinstance(items[0], readers.FileSlice) and items[0].kind == "pdf"
+
+
+class PdfPagesPart(BaseModel):
+    """A range unit's outcome: its pages' raw results (`pages`), not yet a document; also its
+    done-marker (`extract/_shards/<unit key>.json`)."""
+    stage: str = "extract"
+    shard: str                  # the unit key
+    fingerprint: str
+    source: str
+    first_page: int             # from 1
+    last_page: int
+    pages: Shard                # the JSON file of the pages' results (rows: pages in it)
+    input_docs: int = 0         # a range makes no document: its PDF's unit does (`join_ranges`)
+    seconds: float = 0.0
+    skipped: bool = False
+
+    def outputs(self) -> list[Shard]:
+        return [self.pages]
+
+
+def read_range(part: readers.FileSlice, layout: StageLayout, key: str, fp: str, cfg: PdfConfig) -> PdfPagesPart:
+    """Read one range unit's pages into `extract/_pdf_pages/<key>.json` (reused when done)."""
+    marker = layout.markers / f"{key}.json"
+    done = load_done(marker, fp, PdfPagesPart)
+    if done is not None:
+        return done
+    t0 = time.perf_counter()
+    info, results, error = pdf.read_pages(readers.local_path(part.path), cfg, part.start, part.end)
+    path = layout.scratch(PARTS_DIR) / f"{key}.json"    # a work folder: deleted when the run completes
+    body = {"first": part.start, "end": part.end, "info": info, "error": error,
+            "results": [[i, results[i]] for i in sorted(results)]}
+    write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode())
+    result = PdfPagesPart(shard=key, fingerprint=fp, source=readers.source_name(part.path), first_page=part.start + 1,
+                          last_page=part.end, seconds=time.perf_counter() - t0,
+                          pages=Shard(name=key, path=str(path), sha256=sha256_file(path), rows=len(results),
+                                      bytes=path.stat().st_size))
+    write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
+    return result
+
+
+def join_ranges(parts: list[PdfPagesPart], cfg: PdfConfig) -> PdfRead:
+    """The one document of a PDF read in ranges, from its parts in page order, as `pdf.read_pdf`
+    makes it from the whole file. A range whose reader could not open the file drops its pages
+    (`pdf:page_error`, with the reason); when none could, the document is unread, as unsplit."""
+    info, results, errors = None, {}, []
+    for part in sorted(parts, key=lambda p: p.first_page):
+        body = json.loads(Path(part.pages.path).read_text())
+        if body["info"] is None:
+            errors.append(tuple(body["error"]))
+            results.update({i: {"status": "dropped", "reason": "pdf:page_error", "detail": " ".join(body["error"])[:200]}
+                            for i in range(body["first"], body["end"])})
+            continue
+        info = info or body["info"]
+        results.update({i: r for i, r in body["results"]})
+    if info is None:
+        return pdf.unread(*errors[0])
+    missing = set(range(min(info["pages"], cfg.max_pages))) - set(results)
+    if missing:
+        raise AssertionError(f"extract: pages {sorted(missing)[:5]} of {parts[0].source} are in no range read")
+    return pdf.document(info, results, cfg)
