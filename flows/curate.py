@@ -33,6 +33,7 @@ from quipu.flows.runners import checkout_warning, failed_run, flow_run_id, make_
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, write_report
 from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs, run_extract
+from quipu.tasks.pdf_ranges import PdfPagesPart
 from quipu.tasks.output import OutputConfig, curated_marker, write_curated
 from quipu.tasks.pipeline import STAGES
 from quipu.tasks import readers
@@ -58,7 +59,7 @@ def _unit_run_name() -> str:
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult:
+def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult | PdfPagesPart:   # a PDF page range: its pages, joined by run_extract
     return extract_unit(items, run.run_dir, cfg, run.removed_schema)
 
 
