@@ -59,7 +59,8 @@ def _unit_run_name() -> str:
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult | PdfPagesPart:   # a PDF page range: its pages, joined by run_extract
+def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult | PdfPagesPart:
+    """A work unit, or one page range of a long PDF (its pages, joined into the document by run_extract)."""
     return extract_unit(items, run.run_dir, cfg, run.removed_schema)
 
 
