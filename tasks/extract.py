@@ -338,9 +338,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
             for k, n in stats.skipped.items():
                 skipped[k] = skipped.get(k, 0) + n
         removed = out.close()
-        quarantine = None
-        if quarantine_rows:
-            quarantine = write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows)
+        quarantine = write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows) if quarantine_rows else None
     except BaseException:
         out.abort()
         raise
