@@ -162,7 +162,7 @@ def main() -> int:
     print(f"documents: {n} en/es/pt ({mb:.1f} MB), model {os.path.getsize(model_path) / 1e6:.0f} MB, median of {args.repeats}")
     print("| scorer | seconds | docs/s | MB/s |\n|---|---:|---:|---:|")
     for k, label in (("ours", "quipu `quality` stage: normalise, batched predict, split"),
-                     ("score_only", "quipu `QualityModel.score`: normalise + batched predict"),
+                     ("score_only", "quipu `FastTextClassifier.score`: normalise + batched predict"),
                      ("datatrove", "datatrove `FastTextClassifierFilter.filter` per document, raw text"),
                      ("lines_ours", "same normalised lines: quipu batched `multilinePredict`"),
                      ("lines_datatrove", "same normalised lines: datatrove `filter` per document")):
