@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -228,3 +229,14 @@ def test_default_config_keeps_prose_and_removes_junk_per_language(shared_data, t
     heur = next(s for s in run["stages"] if s["name"] == "heuristics")
     assert set(heur["by_language"]) == {"en", "es", "pt"}     # decisions per language in run.json
     assert len({d["kind"] for d in docs.values()}) == len(KINDS) + 1
+
+
+def test_lid_tau_is_median_minus_sigma_inside_its_bounds():
+    """FineWeb-2's rule, max(0.3, min(0.9, median - sigma)): spread scores land between the bounds,
+    where a flipped sign (median + sigma) gives another value; the bounds hold at both ends."""
+    from quipu.tasks.calibration import lid_tau
+    scores = np.array([0.5, 0.6, 0.7, 0.8, 0.9])               # median 0.7, sigma 0.1414
+    assert lid_tau(scores) == pytest.approx(0.7 - np.std(scores))
+    assert lid_tau(scores) < float(np.median(scores))          # a threshold below the typical score
+    assert lid_tau(np.array([0.99, 0.98, 0.995, 0.97])) == 0.9  # confident language: the 0.9 cap
+    assert lid_tau(np.array([0.1, 0.2, 0.5, 0.3])) == 0.3       # unconfident: the 0.3 floor

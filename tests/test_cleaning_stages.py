@@ -86,6 +86,29 @@ def test_pii_finds_every_type_in_local_formats(lang, url, text, expected):
     assert not any(ch.isdigit() for ch in "".join(new.split("<")[1:]).split(">")[0])
 
 
+def test_pii_tries_the_url_country_before_the_language_countries():
+    """A national number valid in several countries is read as the URL's country first: the same
+    digits in an English document are a US number, on a .br page a Brazilian one, and a Spanish
+    number (language es) is Portuguese on a .pt page; the report counts by that country."""
+    stage = PiiRedaction(PiiConfig())
+    assert stage.regions_for("en", "https://loja.example.com.br/contato")[:2] == ["BR", "US"]
+    assert stage.regions_for("es", "http://jornal.example.pt/")[0] == "PT"
+    assert stage.regions_for("en", "https://example.zz/")[0] == "US"     # not a target country: the language's
+
+    def region(text: str, lang: str, url: str | None) -> dict:
+        stats: dict = {}
+        assert [k for _, _, k in stage.find(text, lang, url, stats)] == ["phone"], (text, url)
+        return stats["phones_by_region"]
+
+    assert region("phone 212 555 0134", "en", None) == {"US": 1}
+    assert region("phone 212 555 0134", "en", "https://loja.example.com.br/") == {"BR": 1}
+    assert region("teléfono 912 345 678", "es", None) == {"ES": 1}
+    assert region("teléfono 912 345 678", "es", "https://jornal.example.pt/") == {"PT": 1}
+    batch = pa.table({"id": ["a", "b"], "text": ["phone 212 555 0134"] * 2, "lang": ["en", "en"],
+                      "url": [None, "https://loja.example.com.br/"]})
+    assert stage.process(batch).stats["phones_by_region"] == {"US": 1, "BR": 1}
+
+
 def test_pii_leaves_ordinary_numbers_alone():
     stage = PiiRedaction(PiiConfig())
     out = stage.process(pa.table({"id": ["d"], "text": [ORDINARY], "url": [None], "lang": ["es"]}))

@@ -207,6 +207,25 @@ def test_short_fields_match_whole_and_too_short_are_counted(tmp_path):
     assert [(h["item"], docs[0]["text"][h["start"]:h["end"]]) for h in hits] == [("a", "What is the capital city of Peru, today")]
 
 
+def test_a_short_field_longer_than_the_prefix_matches_only_whole(tmp_path):
+    """A field of min_short..n-1 words is found through the hash of its first min_short words and
+    then checked word by word: its prefix alone, or the prefix with other words after, is no match."""
+    field = "which river flows through the old capital city of portugal"      # 10 words (n=13, min_short=8)
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"id": "r", "q": field}) + "\n")
+    y = write_yaml(tmp_path / "t.yaml", name="rivers", path=str(f), fields=["q"], id_field="id")
+    stage = Decontaminate(DecontamConfig(benchmarks=[str(y)], cache_dir=str(tmp_path / "c")))
+    assert (stage.index.n, stage.index.min_short) == (13, 8) and len(stage.index.pattern_len) == 1
+    words = field.split()
+    docs = [{"id": "whole", "text": "Quiz. " + field.upper() + "? The Tagus."},
+            {"id": "prefix_only", "text": "Notes: " + " ".join(words[:8]) + "."},
+            {"id": "prefix_then_other", "text": " ".join(words[:8]) + " of spain, the Guadalquivir."},
+            {"id": "nine_of_ten", "text": " ".join(words[:9]) + " portugalia is not a word here."}]
+    out = Decontaminate(stage.config).process(table(docs))
+    assert out.removed.column("id").to_pylist() == ["whole"]
+    assert sorted(out.kept.column("id").to_pylist()) == ["nine_of_ten", "prefix_only", "prefix_then_other"]
+
+
 def test_planted_items_are_all_found(cfg, items, real_docs):
     rng = random.Random(5)
     pool = hosts(real_docs)

@@ -6,7 +6,9 @@ process (`ru_maxrss`) so that the test process's own allocations do not blur the
 """
 from __future__ import annotations
 
+import builtins
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -373,11 +375,24 @@ def build_hostile_corpus(d: Path) -> dict[str, dict]:
 
 # ---- issue 32: per-file isolation to the end ------------------------------------------------------
 
-def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path):
-    """A file that exists but cannot be opened (as root: a link to /proc/1/environ; else a mode-000
-    file) failed the run in sha256_file; a name with non-UTF-8 bytes failed it in unit_key. Now the
-    first is one quarantine row naming the file and the error, the second is read by its bytes and
-    recorded with the bytes escaped; the unit's other file is read."""
+def deny_open(monkeypatch, path: Path) -> None:
+    """`open(path)` fails with EACCES, as it does for a mode-000 file when not root: root opens any
+    file, and CI runs as root."""
+    real = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.fspath(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+
+
+def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path, monkeypatch):
+    """A file that exists but cannot be opened (mode 000; as root, `open` refusing it) failed the
+    run in sha256_file; a name with non-UTF-8 bytes failed it in unit_key. Now the first is one
+    quarantine row naming the file and the error, the second is read by its bytes and recorded
+    with the bytes escaped; the unit's other file is read."""
     from quipu.tasks.extract import extract_unit
     folder = tmp_path / "in"
     folder.mkdir()
@@ -386,16 +401,10 @@ def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path):
     odd = os.fsdecode(bytes(folder) + b"/odd-\xff\xfe-name.jsonl")
     Path(odd).write_bytes(b"".join(jline(i) for i in range(10, 12)))
     locked = folder / "locked.jsonl"
+    locked.write_bytes(jline(99))
+    locked.chmod(0)
     if os.geteuid() == 0:
-        locked.symlink_to("/proc/1/environ")
-        try:
-            open(locked, "rb").close()
-            pytest.skip("/proc/1/environ is readable here: no unreadable file to test with as root")
-        except PermissionError:
-            pass
-    else:
-        locked.write_bytes(jline(99))
-        locked.chmod(0)
+        deny_open(monkeypatch, locked)
     files = expand_inputs([str(folder)])
     assert odd in files
     result = extract_unit(files, tmp_path / "out", ExtractConfig()).model_dump()
@@ -406,7 +415,7 @@ def test_unreadable_file_and_non_utf8_name_cost_only_themselves(tmp_path):
     assert by_source[str(locked)]["quarantined"] == 1
     q = pq.read_table(tmp_path / "out" / "quarantine").to_pylist()
     assert [(r["source"], r["record"]) for r in q] == [(str(locked), "file")]
-    assert q[0]["reason"].startswith("cannot read file: PermissionError")
+    assert q[0]["reason"].startswith("cannot open file: PermissionError"), q[0]["reason"]
     kept = pq.read_table(tmp_path / "out" / "extract").column("source").to_pylist()
     assert escaped in kept   # the name is stored escaped: valid UTF-8 everywhere
 

@@ -145,3 +145,17 @@ def test_langid_columns_reasons_and_config():
         LangIdConfig(languages=["english!"])
     with pytest.raises(FileNotFoundError, match="fastText model not found: /nope.ftz"):
         LanguageId(LangIdConfig(model_path="/nope.ftz"))
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "last bytes missing", "header only"])
+def test_a_damaged_lid_model_is_refused_in_one_line_naming_it(tmp_path, damage):
+    """fastText loads a truncated lid.176.ftz without a word and predicts garbage from it; the stage
+    checks the file first (layout, then a load in a child) and refuses it naming the path."""
+    from quipu.trainer.model_files import ModelFileError
+    good = Path(default_model_path()).read_bytes()
+    bad = tmp_path / f"lid-{damage.replace(' ', '-')}.ftz"
+    bad.write_bytes({"cut in half": good[:len(good) // 2], "last bytes missing": good[:-100],
+                     "header only": good[:8] + b"\0" * 16}[damage])
+    with pytest.raises(ModelFileError, match=re.escape(str(bad))) as e:
+        LanguageId(LangIdConfig(model_path=str(bad)))
+    assert "\n" not in str(e.value)

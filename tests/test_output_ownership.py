@@ -188,6 +188,25 @@ def test_overwrite_removes_only_what_earlier_runs_wrote(tmp_path):
     assert json.loads((out / MANIFEST_NAME).read_text())["foreign"] == ["README.md", "curated/later.txt", "lines/notes.txt"]
 
 
+def test_dataset_card_leaves_the_users_own_readme_alone(tmp_path, monkeypatch):
+    """OUT/README.md is the run's dataset card, unless a README.md of the user's was in OUT before
+    the run: that one stays as it was; a card quipu wrote itself is rewritten by the next run."""
+    from quipu.flows import dataset_card
+    from quipu.flows.curate import owned_entries
+    monkeypatch.setattr(dataset_card, "dataset_card", lambda summary, name, license, version: f"card of {name}")
+    mine, fresh = tmp_path / "mine", tmp_path / "fresh"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes about this folder")
+    for out in (mine, fresh):
+        claim(out, identity(["a.jsonl"], {"x": 1}), owned_entries(), overwrite=True)
+        dataset_card.write_dataset_card({}, out, "run", None, "0")
+    assert (mine / "README.md").read_text() == "my notes about this folder"
+    assert (fresh / "README.md").read_text() == "card of run"
+    claim(fresh, identity(["a.jsonl"], {"x": 1}), owned_entries(), overwrite=False)   # the same run, resumed
+    assert dataset_card.write_dataset_card({}, fresh, "again", None, "0") == fresh / "README.md"
+    assert (fresh / "README.md").read_text() == "card of again"
+
+
 def test_output_inside_the_inputs_is_refused_whatever_the_flags(tmp_path):
     """An output folder inside the input folder made --overwrite ingest the run's own outputs (29
     spurious quarantine rows). Now refused in one line, with or without --overwrite."""
