@@ -1,6 +1,9 @@
 """Test session set-up: private QUIPU_HOME / PREFECT_HOME / TMPDIR, one Prefect server for the
 whole session (started on first use), and the `shared_data` fixture that skips with a reason on a
 clone without ../shared.
+
+Under CI=true nothing passes unseen: a missing ../shared/data stops the session before any test,
+and any skip but a `gpu` test's (no CUDA device) is reported as a failure.
 """
 from __future__ import annotations
 
@@ -84,6 +87,36 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_sessionstart(session):
+    if under_ci() and not SHARED_DATA.is_dir():
+        pytest.exit(f"CI=true: ../shared/data (the real test data, {SHARED_DATA}) is missing; about a fifth of "
+                    "the suite needs it. Put it beside the clone or set QUIPU_SHARED_DATA.", returncode=3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skip is a failure, except a `gpu` test's: CI machines have no CUDA device."""
+    report = (yield).get_result()
+    if report.skipped and under_ci() and not hasattr(report, "wasxfail") and item.get_closest_marker("gpu") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: a skip fails the run (only gpu tests may skip): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A whole module skipped (a module-level skip or importorskip) fails under CI=true too."""
+    report = (yield).get_result()
+    if report.skipped and under_ci():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: a skipped module fails the run: {reason}"
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
@@ -95,7 +128,7 @@ def missing_install(reason: str) -> None:
     """A tool the test needs is not on this machine: a skip with the reason for a user, but a failure
     under CI=true, where .ci/run installs every such tool (a broken install step must not turn
     tests into green skips)."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if under_ci():
         pytest.fail(f"CI=true and .ci/run should have installed it: {reason}", pytrace=False)
     pytest.skip(reason)
 
