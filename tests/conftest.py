@@ -117,6 +117,17 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"CI=true: a skipped module fails the run: {reason}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """`fuzz` tests (thousands of examples from a new seed) run under `make fuzz` (QUIPU_FUZZ=1)
+    only; the suite runs their fixed, smaller sample."""
+    if os.environ.get("QUIPU_FUZZ") == "1":
+        return
+    fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
+    if fuzz:
+        config.hook.pytest_deselected(items=fuzz)
+        items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -13,17 +13,20 @@ numbers, other encodings, NUL bytes, oversized lines. Every mutated file goes th
 - stay within a bounded amount of memory (small limits make the oversized cases cheap: the caps
   are what is tested, the bombs themselves are in tests/test_hostile_input.py).
 
-Hypothesis runs with a fixed seed and no example database (the same examples on every machine);
-the counts per format are printed. `-m slow` runs many more examples. Cases hypothesis found are
-kept below as explicit regression examples.
+The suite runs a fixed sample (a fixed seed and no example database: the same examples on every
+machine); the counts per format are printed. `make fuzz` runs many more examples from a new seed
+each time, printed (QUIPU_FUZZ_SEED=N make fuzz replays one). Cases hypothesis found are kept below
+as explicit regression examples.
 """
 from __future__ import annotations
 
 import gzip
 import io
 import json
+import os
 import random
 import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +42,9 @@ from tests.conftest import SHARED_DATA
 from tests.textgen import python_doc_paragraphs
 
 SEED = 20261123
-CI_EXAMPLES = 150          # per format, in CI
-SLOW_EXAMPLES = 1500       # per format, under -m slow
+CI_EXAMPLES = 60           # per format, in the suite (CI): a fixed sample
+FUZZ_EXAMPLES = 1500       # per format, under `make fuzz`
+FUZZ_SEED = int(os.environ.get("QUIPU_FUZZ_SEED") or time.time_ns() % 2**32)   # `make fuzz`: new each run
 LIMITS = dict(max_record_bytes=64 << 10, max_header_bytes=4 << 10, timeout_s=30)
 FORMATS = ["warc.gz", "warc", "arc", "jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
 COUNTS: dict[str, int] = {}
@@ -278,7 +282,8 @@ def report_counts(request):
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     yield
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-    line = (f"fuzzed readers: seed {SEED}, examples per format {dict(sorted(COUNTS.items()))}, "
+    line = (f"fuzzed readers: seed {SEED} (suite), {FUZZ_SEED} (make fuzz: QUIPU_FUZZ_SEED={FUZZ_SEED} replays it), "
+            f"examples per format {dict(sorted(COUNTS.items()))}, "
             f"peak RSS grew {grown:.0f} MB")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
@@ -295,10 +300,10 @@ def test_fuzzed_file_is_read_and_accounted_for(fmt, data, tmp_path_factory):
     _fuzz(fmt, data, tmp_path_factory)
 
 
-@pytest.mark.slow
+@pytest.mark.fuzz
 @pytest.mark.parametrize("fmt", FORMATS)
-@seed(SEED + 1)
-@settings(max_examples=SLOW_EXAMPLES, **FUZZ_SETTINGS)
+@seed(FUZZ_SEED)
+@settings(max_examples=FUZZ_EXAMPLES, **FUZZ_SETTINGS)
 @given(data=st.data())
 def test_fuzzed_file_is_read_and_accounted_for_many(fmt, data, tmp_path_factory):
     _fuzz(fmt, data, tmp_path_factory)
