@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -237,3 +238,44 @@ def test_acceptance_run_on_shared_web_and_text(shared_data, tmp_path, prefect_se
     assert any(s.endswith(".warc.gz") for s in curated.column("source").to_pylist())
     rep = run_quipu("report", str(out))
     assert rep.returncode == 0 and "extract" in rep.stdout and "heuristics" in rep.stdout
+    check_stage_decisions(out, inputs)
+
+
+STAGES = ["extract", "urls", "langid", "lines", "heuristics", "dedup", "decontam", "pii"]
+
+
+def check_stage_decisions(out: Path, inputs: Path) -> None:
+    """What each stage must remove and keep, by id, against labels computed here from the input
+    alone: the language of each file (its name's prefix), the word count and the exact text."""
+    docs = {}
+    for f in sorted(inputs.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            d = json.loads(line)
+            docs[d["id"]] = (f.name.split("_")[0], d["text"])
+    rows = {s: pq.read_table(out / s / "removed", columns=["id", "reason"]).to_pylist()
+            if (out / s / "removed").exists() else [] for s in STAGES}
+    removed = {s: {r["id"]: r["reason"] for r in rows[s]} for s in STAGES}
+    curated = pq.read_table(out / "curated", columns=["id"]).column("id").to_pylist()
+    fates = Counter([i for s in STAGES for i in removed[s]] + curated)   # (WARC record ids repeat across files)
+    assert {i: fates[i] for i in docs if fates[i] != 1} == {}, "input documents with no decision or with two"
+    curated, stage_of = set(curated), {i: s for s in STAGES for i in removed[s]}
+
+    def reached(stage: str) -> set[str]:
+        before = STAGES[:STAGES.index(stage)]
+        return {i for i in docs if stage_of.get(i) not in before}
+
+    # langid removes every document of a non-target language, keeps every long one of a target one
+    dutch = {i for i in reached("langid") if docs[i][0] == "nl"}
+    assert len(dutch) > 200 and {i for i in dutch if stage_of.get(i) != "langid"} == set()
+    assert all(removed["langid"][i].startswith("lang") for i in dutch)
+    long_target = {i for i in reached("langid") if docs[i][0] in ("en", "es", "pt") and len(docs[i][1].split()) >= 200}
+    assert len(long_target) > 1000 and {i for i in long_target if stage_of.get(i) == "langid"} == set()
+    # heuristics removes every document far below Gopher's 50 words
+    short = {i for i in reached("heuristics") if len(docs[i][1].split()) < 45}
+    assert len(short) > 20 and {i for i in short if stage_of.get(i) != "heuristics"} == set()
+    # of identical texts at most one is curated; the others are removed
+    copies: dict[str, list[str]] = {}
+    for i, (_, text) in docs.items():
+        copies.setdefault(text.strip(), []).append(i)
+    groups = [g for g in copies.values() if len(g) > 1]
+    assert groups and all(len(set(g) & curated) <= 1 for g in groups)
