@@ -158,3 +158,17 @@ def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Pa
     start_prefect_server()
     return subprocess.run([sys.executable, "-m", "quipu.flows.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)
+
+
+def quipu_main(*args: str) -> int:
+    """The `quipu` CLI in this process (where the command line itself is not what a test checks: no
+    interpreter start and Prefect import per call), from the repository root, against the session's
+    Prefect server; its output goes to pytest's capture (`capsys`)."""
+    from quipu.flows.cli import main
+    start_prefect_server()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return main(list(args))
+    finally:
+        os.chdir(cwd)

@@ -20,7 +20,7 @@ import pytest
 from quipu.tasks.benchmarks import BenchmarkError, load_benchmarks
 from quipu.tasks.benchmark_index import BenchmarkIndex, normalize
 from quipu.tasks.decontam import DecontamConfig, Decontaminate, cut_text, get_index
-from tests.conftest import run_quipu
+from tests.conftest import quipu_main
 
 PUNCT = ".,;:?!"
 
@@ -327,9 +327,9 @@ def test_curate_flow_drops_planted_humaneval_prompt(prefect_server, shared_data,
     inp.write_text("".join(json.dumps(d) + "\n" for d in docs))
     others = [f"--set={s.name}.enabled=false" for s in STAGES if s.name not in ("decontam", "langid")]
     out = tmp_path / "run"
-    r = run_quipu("curate", str(Path(__file__).resolve().parents[1] / "configs" / "curate" / "demo.yaml"),
-                  "--input", str(inp), "--output", str(out), f"--set=decontam.cache_dir={tmp_path / 'cache'}", *others)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    code = quipu_main("curate", str(Path(__file__).resolve().parents[1] / "configs" / "curate" / "demo.yaml"),
+                      "--input", str(inp), "--output", str(out), f"--set=decontam.cache_dir={tmp_path / 'cache'}", *others)
+    assert code == 0
     report = json.loads((out / "decontam" / "report.json").read_text())
     assert report["removed_by_reason"] == {"contaminated:humaneval": 1}
     assert report["stats"]["items_hit"] == {"humaneval": {"HumanEval/0": 1}}

@@ -298,12 +298,12 @@ def test_pages_dropped_from_a_kept_pdf_are_rows_of_extract_removed(tmp_path):
 
 
 @pytest.mark.slow
-def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
+def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server, capsys):
     """`quipu curate` with only extract on: exit 0, every file accounted, the reasons in the report;
     a 4-page PDF read as two Prefect tasks of 2 pages (pages_per_unit) is one document.
     (Slow: a `quipu curate` subprocess, 60-100 s here under load; the PDF work in it is < 1 s.)"""
     from quipu.tasks.pipeline import STAGES
-    from tests.conftest import run_quipu
+    from tests.conftest import quipu_main
     d = tmp_path / "in"
     d.mkdir()
     (d / "a.pdf").write_bytes(make_pdf(PARAGRAPHS["es"][:4], "es", seed=1).data)
@@ -312,9 +312,9 @@ def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     (d / "d.pdf").write_bytes(make_pdf(prose("es", 84, seed=5), "es", seed=1).data)    # 4 pages
     out = tmp_path / "run"
     off = [f"--set={s.name}.enabled=false" for s in STAGES]
-    r = run_quipu("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(d / "*.pdf"), "--output", str(out),
-                  *off, "--set=extract.pdf.ocr=never", "--set=extract.pdf.pages_per_unit=2")
-    assert r.returncode == 0, r.stderr[-3000:]
+    code = quipu_main("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(d / "*.pdf"), "--output", str(out),
+                      *off, "--set=extract.pdf.ocr=never", "--set=extract.pdf.pages_per_unit=2")
+    assert code == 0, capsys.readouterr().err[-3000:]
     ranges = sorted(m.name.rsplit("-", 1)[1] for m in (out / "extract" / "_shards").glob("d.pdf-*-p*.json"))
     assert ranges == ["p0.json", "p2.json"]       # read as two units (tasks) of 2 pages
     run = json.loads((out / "run.json").read_text())
@@ -325,11 +325,12 @@ def test_curate_extract_only_reports_pdf_reasons(tmp_path, prefect_server):
     extract = run["stages"][0]
     assert extract["removed_by_reason"] == {"extract:pdf:encrypted": 1, "extract:pdf:needs_ocr": 1}
     assert extract["pdf"]["pages_dropped"] == {"pdf:needs_ocr": 1}
-    report = run_quipu("report", str(out))
-    assert report.returncode == 0
+    capsys.readouterr()
+    assert quipu_main("report", str(out)) == 0
+    report = capsys.readouterr().out
     for what in ("extract:pdf:encrypted", "extract:pdf:needs_ocr", "pages dropped: pdf:needs_ocr", "PDF pages",
                  "dropped-page rows in extract/removed"):
-        assert what in report.stdout, report.stdout
+        assert what in report, report
     removed = pq.read_table(list((out / "extract" / "removed").glob("*.parquet"))).to_pylist()
     # the scanned PDF: its document row, and a row for its one page
     assert sorted(r["reason"] for r in removed) == ["extract:pdf:encrypted", "extract:pdf:needs_ocr", "pdf:needs_ocr"]

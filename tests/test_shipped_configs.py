@@ -11,7 +11,6 @@ configs/curate/demo.yaml) feeds the train, quality, kenlm and ppl configs. A con
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import ROOT, missing_install
+from tests.conftest import quipu_main as _main
 
 pytestmark = pytest.mark.slow
 
@@ -26,17 +26,6 @@ SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob
 # configs run end to end by another test (their fixture is that test's subject): named, and checked
 ELSEWHERE = {"configs/ablate/demo.yaml": "tests/test_ablate.py",
              "configs/quality/shared-text.yaml": "tests/test_quality.py"}
-
-
-def _main(*args: str) -> int:
-    """The CLI in this process, from the repository root (shipped configs name paths relative to it)."""
-    from quipu.flows.cli import main
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        return main(list(args))
-    finally:
-        os.chdir(cwd)
 
 
 def _needs_shared(path: str) -> None:
