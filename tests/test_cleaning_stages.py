@@ -109,6 +109,19 @@ def test_pii_tries_the_url_country_before_the_language_countries():
     assert stage.process(batch).stats["phones_by_region"] == {"US": 1, "BR": 1}
 
 
+def test_pii_keeps_private_loopback_and_documentation_addresses_unless_told_otherwise():
+    """public_ips_only (default): private, loopback and documentation addresses are not personal and
+    stay; public ones are replaced. Off: every address is replaced."""
+    text = ("server 192.168.1.10 and 10.0.0.7, loopback 127.0.0.1, doc 192.0.2.5; "
+            "visitor 81.2.69.142 and 2a03:2880:f003:c07:face:b00c::2")
+
+    def ips(**cfg) -> list[str]:
+        return [text[s:e] for s, e, k in PiiRedaction(PiiConfig(**cfg)).find(text, "en", None, {}) if k == "ip"]
+    assert ips() == ["81.2.69.142", "2a03:2880:f003:c07:face:b00c::2"]
+    assert ips(public_ips_only=False) == ["192.168.1.10", "10.0.0.7", "127.0.0.1", "192.0.2.5", "81.2.69.142",
+                                          "2a03:2880:f003:c07:face:b00c::2"]
+
+
 def test_pii_leaves_ordinary_numbers_alone():
     stage = PiiRedaction(PiiConfig())
     out = stage.process(pa.table({"id": ["d"], "text": [ORDINARY], "url": [None], "lang": ["es"]}))

@@ -207,6 +207,11 @@ def test_short_fields_match_whole_and_too_short_are_counted(tmp_path):
     assert [(h["item"], docs[0]["text"][h["start"]:h["end"]]) for h in hits] == [("a", "What is the capital city of Peru, today")]
 
 
+def test_min_short_words_over_n_is_refused_naming_both():
+    with pytest.raises(ValueError, match=r"min_short_words \(9\) must not exceed n \(8\)"):
+        DecontamConfig(n=8, min_short_words=9)
+
+
 def test_a_short_field_longer_than_the_prefix_matches_only_whole(tmp_path):
     """A field of min_short..n-1 words is found through the hash of its first min_short words and
     then checked word by word: its prefix alone, or the prefix with other words after, is no match."""
