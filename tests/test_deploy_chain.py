@@ -10,7 +10,7 @@ from quipu.flows.config import ConfigError
 from quipu.flows.deploy import DEFAULT_FILE, ROOT, resolve
 
 TRAIN_FILE = "configs/train/default.yaml"
-CURATE_FILE = "configs/curate/demo.yaml"
+CURATE_FILE = "configs/curate/default.yaml"
 
 
 def _spec(tmp_path, train: dict | None = None, curate: dict | None = None) -> dict:
@@ -48,7 +48,7 @@ def test_shipped_deployments_fit_together_and_training_listens_to_its_blend():
 @pytest.mark.parametrize("train, curate, message", [
     (lambda c: _phase(c).update(order="ppl_wayra"), None,
      r"tokenize-train \(.*tokenize-train.yaml\): data.phases\[0\].order: ppl_wayra needs column 'ppl_wayra', which "
-     r"deployment curate \(configs/curate/demo.yaml\) does not write \(perplexity is off\); fix: set `order: shuffle` "
+     r"deployment curate \(configs/curate/default.yaml\) does not write \(perplexity is off\); fix: set `order: shuffle` "
      r"in .*tokenize-train.yaml, or switch on perplexity.enabled: true"),
     (lambda c: _phase(c)["sources"][0].update(where={"quality_score": ">= 0.5", "lang": "es"}), None,
      r"sources\[0\].where.quality_score needs column 'quality_score'.*quality is off.*quality.enabled: true"),

@@ -190,16 +190,16 @@ def test_resolve_fills_configs_validates_and_skips_missing_flows(tmp_path):
     assert {"curate", "watch"} <= set(kept)
     assert "quipu" not in resolved and "{{ $QUIPU_ROOT }}" not in yaml.safe_dump(resolved)
     assert resolved["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(ROOT)
-    demo = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
+    shipped = yaml.safe_load((ROOT / "configs/curate/default.yaml").read_text())   # the es/pt/en config
     deps = {d["name"]: d for d in resolved["deployments"]}
     # curate's form names its file (read where the run executes), the YAML's values on top
     cfg = deps["curate"]["parameters"]["config"]
-    assert cfg == {"config_file": "configs/curate/demo.yaml", "input": ["data/raw"], "output": "runs/curate",
+    assert cfg == {"config_file": "configs/curate/default.yaml", "input": ["data/raw"], "output": "runs/curate",
                    "artifact_prefix": "curate"}
     full = from_form(cfg, ROOT)
-    assert full.langid.languages == demo["langid"]["languages"] and full.output == "runs/curate"
+    assert full.langid.languages == shipped["langid"]["languages"] and full.output == "runs/curate"
     tcfg = deps["curate"]["triggers"][0]["parameters"]["config"]
-    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["config_file"] == "configs/curate/demo.yaml"
+    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["config_file"] == "configs/curate/default.yaml"
     for name in ("quality-train", "ppl-distill", "tokenize-train"):
         entry = {d["name"]: d for d in yaml.safe_load(DEFAULT_FILE.read_text())["deployments"]}[name]["entrypoint"]
         assert (name in kept) == (ROOT / entry.split(":")[0]).is_file()
