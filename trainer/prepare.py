@@ -205,6 +205,8 @@ def load_sources(data: DataConfig, prepared: dict, seed: int) -> list[SourceData
             selected = np.flatnonzero(mask)
             if spec.dup_upsample_cap is not None:
                 copies = dup_copies(table, spec.dup_upsample_cap, f"source {key!r}")[mask]
+        if spec.when_empty == "redistribute" and (tokens.num_docs if selected is None else len(selected)) < 2:
+            continue     # absent from this data: plan_data shares its weight among the phase's others
         src = split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies)
         src.eval_lang = document_langs(markers, tokens, src.eval_docs)
         sources.append(src)
