@@ -71,6 +71,23 @@ def test_deploy_fails_on_configs_that_do_not_fit(tmp_path, train, curate, messag
         resolve(spec, ROOT, ["watch"])
 
 
+def test_a_language_every_version_must_hold_is_a_warning(tmp_path):
+    """The shipped blend trains on whatever languages a version holds; a source that must be in
+    every version (when_empty: fail) is told at deploy: a batch in other languages fails training."""
+    from quipu.flows.deploy_chain import check_chain
+
+    def resolved(spec):
+        out, _, _ = resolve(spec, ROOT, check=False)
+        return out["deployments"], {k: v for k, v in spec["quipu"]["configs"].items()}
+    errors, warnings = check_chain(*resolved(yaml.safe_load(DEFAULT_FILE.read_text())), ROOT)
+    assert errors == [] and not [w for w in warnings if "when_empty" in w]
+    strict = _spec(tmp_path, lambda c: _phase(c)["sources"][2].update(when_empty="fail"))
+    errors, warnings = check_chain(*resolved(strict), ROOT)
+    (warning,) = [w for w in warnings if "when_empty" in w]
+    assert errors == [] and "data.phases[0].sources[2]: a version the chain curates without 'en' documents" in warning
+    assert "fix: set `when_empty: redistribute` on it in" in warning and "tokenize-train.yaml" in warning
+
+
 def test_without_a_watcher_deployment_a_triggered_run_may_write_any_dataset(tmp_path):
     """Watchers outside the file (cron, another project) name the dataset in their event: the
     blend's dataset cannot be checked, its columns still are."""
