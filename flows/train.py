@@ -157,7 +157,8 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
         say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word'] or float('nan'):.2f}"
                                                                    for k, v in fert.items()))
-        unfit = fertility_problems(fert, blend_languages(config.data), config.tokenizer.max_tokens_per_word)
+        unfit = fertility_problems(fert, blend_languages(config.data), config.tokenizer.max_tokens_per_word,
+                                   blend_languages(config.data, required_only=True))
         if unfit:
             message = "the tokenizer does not fit the blend: " + "; ".join(unfit)
             if strict:
@@ -208,27 +209,27 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
 
 
 def fit_steps_to_data(config: TrainConfig, sources: list, from_step: int) -> tuple[TrainConfig, str | None]:
-    """`config` with fewer steps when the steps still to train (from `from_step`, all in the last
-    phase) would repeat that phase's distinct tokens more than `data.max_epochs` times, and the
-    sentence that says so; (config, None) when they fit or the limit is off."""
+    """`config` with fewer steps when the steps still to train (a phase starting at `from_step`: a
+    fresh run's only phase, a continuation's new one) would repeat a source's distinct tokens more
+    than `data.max_epochs` times, and the sentence that says so; (config, None) when they fit or
+    the limit is off."""
     data, max_steps = config.data, config.train.max_steps
     limit = data.max_epochs
     starts = resolve_phase_starts(data, max_steps, lambda s: config.schedule.fraction(s, max_steps))
-    if limit is None or starts[-1] > from_step or max_steps <= from_step:
-        return config, None       # several phases still to train: the blend table warns per source
-    keys = {s.key for s in data.phases[-1].sources}
-    distinct = sum(s.train_tokens for s in sources if s.name in keys)
-    per_step = config.train.batch_size * (data.phases[-1].seq_len or data.seq_len)
-    epochs = (max_steps - from_step) * per_step / max(1, distinct)
-    if epochs <= limit:
+    if limit is None or starts[-1] != from_step or max_steps <= from_step:
+        return config, None       # phases still to train that started earlier: the blend table warns per source
+    phases, _ = plan_data(config, sources)
+    worst = max((r for r in phases[-1].report if r["repetitions"]), key=lambda r: r["repetitions"])
+    if worst["repetitions"] <= limit:
         return config, None
-    fit = max(1, int(limit * distinct // per_step))
+    steps = max_steps - from_step
+    fit = max(1, int(steps * limit / worst["repetitions"]))
     train = config.train.model_dump(mode="json") | {"max_steps": from_step + fit}
     schedule = config.schedule.model_dump(mode="json")
     schedule["warmup_steps"] = min(schedule["warmup_steps"], max(0, from_step + fit - 1))
-    note = (f"data.max_epochs {limit:g}: {max_steps - from_step} steps of {per_step:,} tokens would repeat the "
-            f"blend's {distinct:,} distinct tokens {epochs:.0f} times; training {fit} step(s), to step "
-            f"{from_step + fit}, instead (add data, or raise data.max_epochs; null trains every step)")
+    note = (f"data.max_epochs {limit:g}: {steps} steps would repeat source {worst['source']!r} "
+            f"({worst['available_tokens']:,} distinct tokens) {worst['repetitions']:.0f} times; training {fit} "
+            f"step(s), to step {from_step + fit}, instead (add data, or raise data.max_epochs; null trains every step)")
     return config.model_validate(config.model_dump(mode="json") | {"train": train, "schedule": schedule}), note
 
 

@@ -140,6 +140,10 @@ def test_tokenizer_fit_checks(tmp_path):
     fert = {"en": {"tokens_per_word": 1.3}, "es": {"tokens_per_word": 3.4}}
     assert fertility_problems(fert, {"en", "es", "pt"}, 2.5) == [
         "es: 3.40 tokens per word, above tokenizer.max_tokens_per_word 2.5", "pt: no held-out text to measure the tokenizer on"]
+    # the shipped blend may go without a language (when_empty: redistribute): its absence is no problem
+    assert blend_languages(data, required_only=True) == set()
+    assert fertility_problems(fert, {"en", "es", "pt"}, 2.5, required=set()) == [
+        "es: 3.40 tokens per word, above tokenizer.max_tokens_per_word 2.5"]
     shard = tmp_path / "s.parquet"
     pq.write_table(pa.table({"id": [f"d{i}" for i in range(60)], "text": ["uma frase curta aqui"] * 30 + ["a b"] * 30,
                              "lang": ["pt"] * 30 + ["es"] * 30}), shard)
