@@ -313,7 +313,8 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     curated = write_curated_task(shards, str(config.context().curated), config.curated)
     progress.artifact.done()
     summary = {
-        "run_id": run_id, "output": rd, "inputs": [readers.source_name(f) for f in files],
+        "run_id": run_id, "output": rd, "dataset": config.dataset or name_from(run_dir.name),
+        "inputs": [readers.source_name(f) for f in files],
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],
         "quarantine_by_reason": reports["extract"]["quarantine_by_reason"],
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],
