@@ -154,6 +154,23 @@ def test_tokenizer_fit_checks(tmp_path):
     assert tokenizer_text_shortfall(cfg.tokenizer, cfg.data, {"crawl": [{"path": str(shard)}]}) == []   # smollm2: fixed
 
 
+def test_a_dataset_another_checkout_curated_is_said(tmp_path):
+    """One catalog per user (QUIPU_HOME) serves every checkout: a curate run into a dataset that
+    another checkout's runs filled says so before it adds to it and deduplicates against it."""
+    import uuid
+
+    from quipu.catalog import registry
+    from quipu.flows.curate import CHECKOUT, shared_dataset_warning
+    name = f"shared-{uuid.uuid4().hex[:6]}"
+    assert shared_dataset_warning(name) is None
+    registry.register_dataset(name, "curated", str(tmp_path / "mine"), None, [], info={"checkout": str(CHECKOUT)})
+    assert shared_dataset_warning(name) is None
+    registry.register_dataset(name, "curated", str(tmp_path / "theirs"), None, [], info={"checkout": "/elsewhere/quipu"})
+    warning = shared_dataset_warning(name)
+    assert f"dataset {name!r} in the catalog" in warning and "(v2 from /elsewhere/quipu)" in warning
+    assert "set QUIPU_HOME per checkout" in warning
+
+
 def test_makefile_takes_the_prefect_address_from_the_environment():
     import os
     import shutil
