@@ -402,6 +402,24 @@ def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
     assert after and all(r["lr"] == pytest.approx(0.5 * cfg.optim.lr * cfg.schedule.fraction(r["step"] - 1, 8)) for r in after)
 
 
+def test_persistent_spikes_end_in_one_line_naming_the_fix(prepared, tmp_path):
+    from quipu.catalog.errors import UserError
+    from quipu.trainer.train import Trainer, TrainingDiverged
+    run = new_run(prepared, tmp_path, "diverging")
+    cfg = load_config(TrainConfig, data=base_config(run, **{"spike": {"max_consecutive": 2, "max_rollbacks": 0}}))
+
+    class Poisoned(Trainer):
+        def _loss_sum(self, x, y, pos, seg):
+            s, n = super()._loss_sum(x, y, pos, seg)
+            return (s * float("nan"), n) if self.step >= 4 else (s, n)
+
+    with pytest.raises(TrainingDiverged) as e:
+        Poisoned(cfg, run).run()
+    assert isinstance(e.value, UserError) and "\n" not in str(e.value)     # the CLI and a worker print it as one line
+    assert re.search(r"loss spikes persist after 0 rollback\(s\) \(spike.max_rollbacks\); last checkpoint .*; "
+                     r"fix: lower optim.lr, raise spike.factor or spike.max_rollbacks", str(e.value))
+
+
 def test_shipped_continual_run_on_es_pt_versions_neither_memorises_nor_rolls_back(prefect_server, tmp_path, capsys):
     """configs/train/default.yaml as shipped (only its dataset and output moved): a tiny es/pt
     version (no English) trains the steps its tokens bear, not 200 steps of them; the next version
