@@ -184,8 +184,14 @@ def stage_markdown(report: dict) -> str:
     if report.get("domains"):   # top sites and TLDs kept and removed (tasks/domain_stats.py)
         from quipu.tasks.domain_stats import domain_markdown
         lines += ["", domain_markdown(report["domains"])]
-    if report.get("stats"):
-        lines += ["", "## Stage statistics", "", "```json", json.dumps(report["stats"], indent=1)[:4000], "```"]
+    by_language = report.get("stats", {}).get("by_language") or {}
+    if by_language:
+        rows, _ = language_rows({"stages": [{"name": report["stage"], "by_language": by_language}]})
+        lines += ["", "## Decisions per language", "", "| lang | kept | removed | top reasons |", "|---|---:|---:|---|"]
+        lines += [f"| {lang} | {kept} | {removed} | {reasons} |" for _, lang, kept, removed, reasons in rows]
+    rest = {k: v for k, v in report.get("stats", {}).items() if k != "by_language"}
+    if rest:
+        lines += ["", "## Stage statistics", "", "```json", json.dumps(rest, indent=1)[:4000], "```"]
     return "\n".join(lines)
 
 

@@ -319,6 +319,10 @@ def test_reports_show_what_was_kept_per_language(tmp_path):
     md = summary_markdown(run, ["extract", "heuristics"])
     assert "| heuristics | es | 4 | 20 | c4:too_few_sentences (20) |" in md
     assert "| pt | `d1` | lang_score=0.92 quality_score=0.5 | texto número 1 \\| con barra |" in md
+    from quipu.flows.reports import stage_markdown
+    stage = stage_markdown({"stage": "heuristics", "input_docs": 90, "kept_docs": 60, "removed_docs": 30,
+                            "stats": {"by_language": run["stages"][1]["by_language"], "rules": 3}})
+    assert "| es | 4 | 20 | c4:too_few_sentences (20) |" in stage and '"by_language"' not in stage   # a table, not JSON
     page = render(run, {}, tmp_path)
     assert "Kept, per language" in page and "Decisions per language" in page and "d3" in page
 
