@@ -420,6 +420,17 @@ def test_persistent_spikes_end_in_one_line_naming_the_fix(prepared, tmp_path):
                      r"fix: lower optim.lr, raise spike.factor or spike.max_rollbacks", str(e.value))
 
 
+def test_any_other_training_failure_on_a_worker_is_one_line(tmp_path):
+    from quipu.flows.train import unexpected_failure
+    try:
+        raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+    except RuntimeError as e:
+        line = unexpected_failure(e, tmp_path / "run")
+    assert "\n" not in line and line.startswith("training failed: RuntimeError: CUDA out of memory.")
+    assert f"(traceback in {tmp_path / 'run' / 'error.log'})" in line and "resumes from the newest checkpoint" in line
+    assert "Traceback" in (tmp_path / "run" / "error.log").read_text()
+
+
 def test_shipped_continual_run_on_es_pt_versions_neither_memorises_nor_rolls_back(prefect_server, tmp_path, capsys):
     """configs/train/default.yaml as shipped (only its dataset and output moved): a tiny es/pt
     version (no English) trains the steps its tokens bear, not 200 steps of them; the next version
