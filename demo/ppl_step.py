@@ -4,10 +4,10 @@ the curate step's `perplexity` stage runs for real.
 1. Input: the documents the first pass's heuristics kept (`<run>/heuristics/kept`, written by the
    quality-train step); without that pass, the demo's JSONL inputs.
 2. `ppl-distill` with configs/ppl/demo.yaml: SmolLM2-135M labels a few hundred documents (first 128
-   tokens, cached in the catalog, so a rerun costs nothing), a tiny student trains for ~40 s. The
-   teacher's labels of the demo corpus ship with the project (demo/teacher_labels.json.gz, put in
-   the cache first): labelling them took 8 of the demo's 12.5 minutes. They are keyed by the
-   teacher's file hash and each text's hash, so another teacher or a changed corpus labels anew.
+   tokens, cached in the catalog, so a rerun costs nothing), a tiny student trains for ~40 s. When
+   demo/teacher_labels.json.gz is there (made by `export_teacher_labels` after one demo run), its
+   labels go into the cache first: labelling took 8 of the demo's 12.5 minutes. They are keyed by
+   the teacher's file hash and each text's hash, so another teacher or a changed corpus labels anew.
 3. `kenlm-train` with configs/kenlm/demo.yaml when `make kenlm` has built lmplz; otherwise a one-line
    notice and the stage runs without `ppl_kenlm`.
 4. The curate step runs with the perplexity stage on (buckets, nothing removed) and writes the
