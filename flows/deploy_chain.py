@@ -10,7 +10,9 @@ what the curate deployments write:
 - the columns: a source's `where:` columns, `dup_upsample_cap` (`dup_count`) and a phase's
   curriculum (`order: ppl_wayra`) need the stage that writes the column switched on in the curate
   config (langid, quality, dedup, perplexity);
-- the values: `where: {lang: pt}` needs `pt` among `langid.languages`, or the source is empty;
+- the values: `where: {lang: pt}` needs `pt` among `langid.languages`, or the source is empty; a
+  source by language that must be in every version (`when_empty: fail`) is a warning: a batch in
+  other languages would fail training;
 - the versions: a source pinned to closed versions never reads what the chain curates next.
 
 An error names the train deployment and its config file, the curate deployment and its config
@@ -160,6 +162,11 @@ def check_chain(deployments: list[dict], configs: dict[str, str], root: Path | N
                                       f"{p.where} keeps ({', '.join(sorted(p.languages))}), so the source is "
                                       f"always empty; fix: add it to langid.languages in {p.file}, or drop the "
                                       f"source from {file}")
+                if "lang" in src.where and src.when_empty == "fail":
+                    warnings.append(f"{where}: {key}: a version the chain curates without {src.where['lang']!r} "
+                                    "documents (a batch in other languages) fails training, as this source needs "
+                                    f"at least 2; fix: set `when_empty: redistribute` on it in {file} (its weight "
+                                    "then goes to the sources the version has)")
                 if src.versions is not None and not str(src.versions).endswith(".."):
                     warnings.append(f"{where}: {key}.versions: {src.versions!r} is fixed, so the versions "
                                     f"{feeding[0].where} adds later are not read by this source (use e.g. '2..' "

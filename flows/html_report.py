@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from quipu.catalog.files import read_json, write_bytes_atomic
-from quipu.flows.reports import funnel_rows, pdf_rows
+from quipu.flows.reports import format_scores, funnel_rows, kept_sample, language_rows, pdf_rows
 from quipu.tasks.stage import RunContext
 
 PALETTE = {"kept": "#3b7dd8", "removed": "#e07b39", "cut": "#333333", "bars": "#6a8fb5"}
@@ -287,7 +287,8 @@ def render(run: dict, reports: dict[str, dict], run_dir: str | Path) -> str:
     meta = [["run id", run.get("run_id")], ["output", run.get("output")], ["input files", len(run.get("inputs", []))],
             ["records read", run.get("records_read")], ["quarantined", run.get("quarantined", 0)],
             ["curated documents", curated.get("rows")], ["curated shards", len(curated.get("shards", []))],
-            ["seconds", run.get("seconds", "")], ["dataset", (run.get("config") or {}).get("dataset") or ""]]
+            ["seconds", run.get("seconds", "")],
+            ["dataset", run.get("dataset") or (run.get("config") or {}).get("dataset") or Path(run.get("output") or run_dir).name]]
     names = [s["name"] for s in run["stages"]]
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            f"<title>quipu run {_e(run.get('run_id'))}</title><style>{CSS}</style></head><body>",
@@ -298,6 +299,17 @@ def render(run: dict, reports: dict[str, dict], run_dir: str | Path) -> str:
            _table(["stage", "input", "kept", "removed", "kept %", "seconds", "top reasons"],
                   [[r["stage"], r["input"], r["kept"], r["removed"], r["kept %"], r["seconds"], r["top reasons"]]
                    for r in funnel_rows(run)], {1, 2, 3, 4, 5}, cls="funnel")]
+    per_lang, _ = language_rows(run)
+    if per_lang:
+        out.append('<h2 id="languages">Decisions per language</h2>')
+        out.append(_table(["stage", "lang", "kept", "removed", "top reasons"], per_lang, {2, 3}))
+    sample = kept_sample(run)
+    if sample:
+        out.append('<h2 id="kept">Kept, per language</h2><p>The first curated documents of each language, with the '
+                   "scores that let them through.</p>")
+        out.append(_table(["lang", "id", "scores", "start of the text"],
+                          [[lang, d["id"], format_scores(d["scores"]), d["snippet"]] for lang, docs in sample.items()
+                           for d in docs]))
     for s in run["stages"]:
         name = s["name"]
         report = reports.get(name, {})

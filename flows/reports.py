@@ -32,6 +32,61 @@ def funnel_rows(run: dict) -> list[dict]:
     return rows
 
 
+KEPT_PER_LANGUAGE = 3     # kept documents shown per language in every report
+SNIPPET_CHARS = 160
+
+
+def score_columns(names: list[str]) -> list[str]:
+    """The columns a stage wrote to decide on a document: langid's `lang_score`, a classifier's
+    `<name>_score`, the perplexity stage's `ppl_*`."""
+    return [n for n in names if n.endswith("_score") or n.startswith("ppl_")]
+
+
+def kept_sample(run: dict, per_language: int = KEPT_PER_LANGUAGE) -> dict[str, list[dict]]:
+    """Per language, the first `per_language` curated documents: id, the start of the text and the
+    scores that let them through (read batch by batch, only those columns, until every language
+    seen has its sample)."""
+    import pyarrow.parquet as pq
+    last = (run.get("stages") or [{}])[-1].get("by_language", {})
+    wanted = {lang: min(per_language, d["kept"]) for lang, d in last.items() if d.get("kept")}
+    out: dict[str, list[dict]] = {}
+    for path in run.get("curated", {}).get("shards", []):
+        if wanted and all(len(out.get(lang, [])) >= n for lang, n in wanted.items()):
+            break
+        try:
+            f = pq.ParquetFile(path)
+        except (OSError, ValueError):   # a shard moved or deleted since: the report shows the rest
+            continue
+        names = f.schema_arrow.names
+        scores = score_columns(names)
+        cols = [c for c in ("id", "lang", "text") if c in names] + scores
+        for batch in f.iter_batches(batch_size=256, columns=cols):
+            for row in batch.to_pylist():
+                docs = out.setdefault(str(row.get("lang") or "und"), [])
+                if len(docs) < per_language:
+                    text = " ".join(str(row.get("text") or "").split())
+                    docs.append({"id": row.get("id"), "snippet": text[:SNIPPET_CHARS],
+                                 "scores": {k: round(row[k], 3) for k in scores if isinstance(row.get(k), (int, float))}})
+            if wanted and all(len(out.get(lang, [])) >= n for lang, n in wanted.items()):
+                break
+    return dict(sorted(out.items()))
+
+
+def language_rows(run: dict) -> tuple[list[list], list[str]]:
+    """Per stage and language: kept, removed and the top reasons (rows), and the languages seen."""
+    rows, langs = [], set()
+    for s in run.get("stages", []):
+        for lang, d in sorted(s.get("by_language", {}).items()):
+            langs.add(lang)
+            reasons = sorted(d["by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            rows.append([s["name"], lang, d["kept"], d["removed"], ", ".join(f"{r} ({n})" for r, n in reasons)])
+    return rows, sorted(langs)
+
+
+def format_scores(scores: dict) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in scores.items()) or "no scores"
+
+
 def format_funnel(run: dict, top: int = 5) -> str:
     out = []
     out.append(f"run {run.get('run_id', '?')}  records read: {run.get('records_read', '?')}  "
@@ -61,14 +116,20 @@ def format_funnel(run: dict, top: int = 5) -> str:
             out.append(f"{s['name']}: edits to kept text")
             for what, n in s["edits"].items():
                 out.append(f"  {n:>8}  {what}")
-    per_lang = [(s["name"], lang, d) for s in run["stages"] for lang, d in sorted(s.get("by_language", {}).items())]
+    per_lang, _ = language_rows(run)
     if per_lang:
         out.append("")
         out.append("decisions per language (document lang from langid)")
         out.append(f"  {'stage':<12}{'lang':<6}{'kept':>9}{'removed':>9}  top reasons")
-        for stage, lang, d in per_lang:
-            reasons = sorted(d["by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-            out.append(f"  {stage:<12}{lang:<6}{d['kept']:>9}{d['removed']:>9}  " + ", ".join(f"{r} ({n})" for r, n in reasons))
+        for stage, lang, kept, removed, reasons in per_lang:
+            out.append(f"  {stage:<12}{lang:<6}{kept:>9}{removed:>9}  {reasons}")
+    sample = kept_sample(run)
+    if sample:
+        out.append("")
+        out.append("kept, per language (the first curated documents, with the scores that let them through)")
+        for lang, docs in sample.items():
+            for d in docs:
+                out.append(f"  {lang:<4} {d['id']}  [{format_scores(d['scores'])}]  {d['snippet'][:100]}")
     if run.get("quarantine_by_reason"):
         out.append("")
         out.append("quarantine reasons")
@@ -123,8 +184,14 @@ def stage_markdown(report: dict) -> str:
     if report.get("domains"):   # top sites and TLDs kept and removed (tasks/domain_stats.py)
         from quipu.tasks.domain_stats import domain_markdown
         lines += ["", domain_markdown(report["domains"])]
-    if report.get("stats"):
-        lines += ["", "## Stage statistics", "", "```json", json.dumps(report["stats"], indent=1)[:4000], "```"]
+    by_language = report.get("stats", {}).get("by_language") or {}
+    if by_language:
+        rows, _ = language_rows({"stages": [{"name": report["stage"], "by_language": by_language}]})
+        lines += ["", "## Decisions per language", "", "| lang | kept | removed | top reasons |", "|---|---:|---:|---|"]
+        lines += [f"| {lang} | {kept} | {removed} | {reasons} |" for _, lang, kept, removed, reasons in rows]
+    rest = {k: v for k, v in report.get("stats", {}).items() if k != "by_language"}
+    if rest:
+        lines += ["", "## Stage statistics", "", "```json", json.dumps(rest, indent=1)[:4000], "```"]
     return "\n".join(lines)
 
 
@@ -138,7 +205,7 @@ def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate
     artifacts by id, descending (`sort: ID_DESC`), and the server gives artifacts random (uuid4)
     ids, so their order is neither creation order nor chosen by us. It is created last, so that
     it can link every other artifact, and a log line at the run's end names it."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     pages = {"funnel": create_table_artifact(
         key=f"{prefix}-funnel", table=funnel_rows(run),
@@ -147,8 +214,6 @@ def publish_artifacts(run: dict, reports: dict[str, dict], prefix: str = "curate
         pages[name] = create_markdown_artifact(key=f"{prefix}-stage-{name.replace('_', '-')}",
                                                markdown=stage_markdown(report),
                                                description=f"Stage {name}: removal reasons and examples")
-    create_link_artifact(key=f"{prefix}-run-json", link=Path(run.get("output", ".")).joinpath("run.json").as_uri(),
-                         link_text="run.json", description=f"Run summary file of run {run.get('run_id')}")
     links = {name: artifact_url(i) for name, i in {**pages, **(others or {})}.items()}
     summary = create_markdown_artifact(key=f"{prefix}-summary", markdown=summary_markdown(run, list(reports), links),
                                        description="Start here: the run's funnel, with a link to every report")
@@ -166,23 +231,39 @@ def summary_markdown(run: dict, stages: list[str], links: dict[str, str] | None 
     links = links or {}
     out = run.get("output", ".")
     curated = run.get("curated", {})
+    # Paths are shown as text: a file:// link does not open from the UI's page (browsers refuse it);
+    # every report has its artifact, linked by its UI page.
     lines = [f"# Curate run `{run.get('run_id')}`", "",
-             f"- output: [{out}]({Path(out).as_uri()})",
+             f"- dataset: **{run.get('dataset') or (run.get('config') or {}).get('dataset') or Path(out).name}**",
+             f"- output: `{out}` (run summary `run.json`, `quipu report {out}`)",
              f"- inputs: {len(run.get('inputs', []))} files",
              f"- records read: {run.get('records_read')} · quarantined: {run.get('quarantined')}",
              f"- curated: **{curated.get('rows')}** documents in {len(curated.get('shards', []))} shards under "
-             f"[{out}/curated]({Path(out, 'curated').as_uri()})",
-             f"- run summary: [run.json]({Path(out, 'run.json').as_uri()})",
+             f"`{Path(out, 'curated')}`",
              *(f"- {title}: [{title}]({url})" for title, url in links.items() if title not in stages), "",
              "| stage | input | kept | removed | report |", "|---|---:|---:|---:|---|"]
     by_name = {s["name"]: s for s in run.get("stages", [])}
     for name in stages:
         s = by_name.get(name, {})
-        report = Path(out, name, "report.json")
-        page = f"[artifact]({links[name]}) · " if name in links else ""
+        page = f"[artifact]({links[name]})" if name in links else f"`{Path(out, name, 'report.json')}`"
         lines.append(f"| {name} | {s.get('input_docs', '')} | {s.get('kept_docs', '')} | {s.get('removed_docs', '')} "
-                     f"| {page}[{name}/report.json]({report.as_uri()}) |")
+                     f"| {page} |")
+    per_lang, _ = language_rows(run)
+    if per_lang:
+        lines += ["", "## Decisions per language", "", "| stage | lang | kept | removed | top reasons |",
+                  "|---|---|---:|---:|---|"]
+        lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in per_lang]
+    sample = kept_sample(run)
+    if sample:
+        lines += ["", "## Kept, per language", "", "The first curated documents of each language, with the scores "
+                  "that let them through.", "", "| lang | id | scores | start of the text |", "|---|---|---|---|"]
+        lines += [f"| {lang} | `{d['id']}` | {format_scores(d['scores'])} | {_cell(d['snippet'])} |"
+                  for lang, docs in sample.items() for d in docs]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 class RunProgress:

@@ -2,8 +2,12 @@
 random words): what the run makes, and which version or step.
 
 - curate: `curate-<dataset>-v<N>-<UTC date-time>` (N: the version this run adds to the dataset)
-- tokenize-train: `train-<output folder>-step<N>` (N: the step the run trains to)
+- tokenize-train: `train-<output folder>-step<N>-<UTC date-time>` (N: the step the run trains to,
+  at most: `data.max_epochs` may stop a small version sooner), or for a new version
+  `train-<output folder>-<dataset>-v<N>-<UTC date-time>`
 - watch: `watch-<watcher name>-<UTC date-time>`; others: `<flow>-<output folder>-<UTC date-time>`
+
+The date-time is to the second (20261126-132405), so two runs of a minute have different names.
 
 Each is computed from the run's parameters when Prefect creates the run; a failure to compute one
 (a catalog that cannot be read) falls back to the flow's name and the time, never fails the run.
@@ -15,7 +19,7 @@ from pathlib import Path
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M")
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
 def _config():
@@ -51,17 +55,12 @@ def curate_name() -> str:
 
 def train_name() -> str:
     def make():
-        from quipu.trainer import continual
         params, cfg = _config()
         run_dir = Path(_get(cfg, "output", "runs/train"))
-        max_steps = _get(_get(cfg, "train"), "max_steps", 0)
-        step = continual.checkpoint_step(run_dir.resolve()) if params.get("new_version") else None
-        if step is not None:
-            steps = _get(_get(_get(cfg, "data"), "continual"), "steps", 0)
-            target = step + steps
-        else:
-            target = max_steps
-        return f"train-{run_dir.name}-step{target}"
+        new = params.get("new_version")
+        if new:
+            return f"train-{run_dir.name}-{_get(new, 'dataset')}-v{_get(new, 'version')}-{_now()}"
+        return f"train-{run_dir.name}-step{_get(_get(cfg, 'train'), 'max_steps', 0)}-{_now()}"
     return _named(make)
 
 

@@ -23,7 +23,7 @@ from quipu.catalog.files import remove_stale_temporaries
 from quipu.catalog.ownership import output_lock
 from quipu.catalog.errors import UserError
 from quipu.flows.run_names import train_name
-from quipu.flows.runners import checkout_warning, failed_run
+from quipu.flows.runners import checkout_warning, failed_run, in_deployment_run
 from quipu.flows.progress import StepProgress, format_eval_groups, say
 from quipu.trainer import continual
 from quipu.trainer.continual import NewVersion
@@ -93,6 +93,26 @@ def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVe
         return _train_flow(config, resume, new_version, strict)
     except UserError as e:   # on a worker: one ERROR line with the fix, no traceback
         return failed_run(e)
+    except Exception as e:   # on a worker, any other failure as one line too (the CLI has its own)
+        if not in_deployment_run():
+            raise
+        return failed_run(UserError(unexpected_failure(e, Path(config.output).resolve())))
+
+
+def unexpected_failure(error: Exception, run_dir: Path) -> str:
+    """One line for a failure no code worded: what failed, where its traceback is kept, and the fix
+    that always applies (a rerun resumes from the newest checkpoint)."""
+    import traceback
+    log = run_dir / "error.log"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write("".join(traceback.format_exception(error)))
+    except OSError:
+        log = None
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return (f"training failed: {type(error).__name__}: {first}" + (f" (traceback in {log})" if log else "")
+            + "; fix the cause and run the deployment again: it resumes from the newest checkpoint")
 
 
 def _train_flow(config: TrainConfig, resume: bool, new_version: NewVersion | None, strict: bool) -> dict:
@@ -137,7 +157,8 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         tok_dir, fert = tokenizer_task(config, sources, str(run_dir), keep=resume)
         say(f"tokenizer {tok_dir}; tokens per word: " + ", ".join(f"{k} {v['tokens_per_word'] or float('nan'):.2f}"
                                                                    for k, v in fert.items()))
-        unfit = fertility_problems(fert, blend_languages(config.data), config.tokenizer.max_tokens_per_word)
+        unfit = fertility_problems(fert, blend_languages(config.data), config.tokenizer.max_tokens_per_word,
+                                   blend_languages(config.data, required_only=True))
         if unfit:
             message = "the tokenizer does not fit the blend: " + "; ".join(unfit)
             if strict:
@@ -152,10 +173,15 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
             new = sum(1 for m in markers[n] if not m.get("reused"))
             say(f"source {n}: versions {prepared['versions'][n]}, {s['docs']:,} documents, {s['tokens']:,} tokens "
                 f"({new} of {len(markers[n])} shards tokenized now)")
-        phases, _ = plan_data(config, load_sources(config, prepared))
-        blend = format_blend_report(blend_report(phases))
-        say("blend:\n" + blend)   # before training, not after
         step = continual.checkpoint_step(run_dir) if resume else None
+        loaded = load_sources(config, prepared)
+        config, steps_note = fit_steps_to_data(config, loaded, step or 0)
+        if steps_note:
+            get_run_logger().warning(steps_note)
+        phases, _ = plan_data(config, loaded)
+        rows = blend_report(phases)
+        blend = format_blend_report(rows)
+        say("blend:\n" + blend)   # before training, not after
         continual.record(run_dir, config, {"started": dt.datetime.now(dt.timezone.utc).isoformat(), "run_id": run_id,
                                            "from_step": step or 0, "max_steps": config.train.max_steps,
                                            "new_version": new_version.model_dump() if new_version else None,
@@ -168,6 +194,9 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
         summary["versions"] = prepared["versions"]
         summary["resumed_from_step"] = step
         summary["fertility"] = fert
+        summary["blend"] = rows
+        summary["data_notes"] = [steps_note] * bool(steps_note) + [ln for ln in blend.splitlines()
+                                                                    if ln.startswith(("NOTE", "WARNING"))]
         registry.register_model(run_dir.name, "llm", summary.get("hf") or str(run_dir), config.model_dump(mode="json"),
                                 {"eval_loss": summary["eval_loss"], "final_loss": summary["final_loss"],
                                  "step": summary["step"], "stopped_early": summary["stopped_early"]}, run_id=run_id)
@@ -179,11 +208,42 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
     return summary
 
 
+def fit_steps_to_data(config: TrainConfig, sources: list, from_step: int) -> tuple[TrainConfig, str | None]:
+    """`config` with fewer steps when the steps still to train (a phase starting at `from_step`: a
+    fresh run's only phase, a continuation's new one) would repeat a source's distinct tokens more
+    than `data.max_epochs` times, and the sentence that says so; (config, None) when they fit or
+    the limit is off."""
+    data, max_steps = config.data, config.train.max_steps
+    limit = data.max_epochs
+    starts = resolve_phase_starts(data, max_steps, lambda s: config.schedule.fraction(s, max_steps))
+    if limit is None or starts[-1] != from_step or max_steps <= from_step:
+        return config, None       # phases still to train that started earlier: the blend table warns per source
+    phases, _ = plan_data(config, sources)
+    worst = max((r for r in phases[-1].report if r["repetitions"]), key=lambda r: r["repetitions"])
+    if worst["repetitions"] <= limit:
+        return config, None
+    steps = max_steps - from_step
+    fit = max(1, int(steps * limit / worst["repetitions"]))
+    train = config.train.model_dump(mode="json") | {"max_steps": from_step + fit}
+    schedule = config.schedule.model_dump(mode="json")
+    schedule["warmup_steps"] = min(schedule["warmup_steps"], max(0, from_step + fit - 1))
+    note = (f"data.max_epochs {limit:g}: {steps} steps would repeat source {worst['source']!r} "
+            f"({worst['available_tokens']:,} distinct tokens) {worst['repetitions']:.0f} times; training {fit} "
+            f"step(s), to step {from_step + fit}, instead (add data, or raise data.max_epochs; null trains every step)")
+    return config.model_validate(config.model_dump(mode="json") | {"train": train, "schedule": schedule}), note
+
+
 def _publish(summary: dict) -> None:
     try:
         from prefect.artifacts import create_table_artifact
         rows = [{"metric": k, "value": str(summary.get(k))} for k in
                 ("step", "final_loss", "eval_loss", "eval_ppl", "params", "loss_curve", "checkpoint", "sample")]
+        rows += [{"metric": "note", "value": n} for n in summary.get("data_notes") or []]
         create_table_artifact(rows, key="train-summary", description="tokenize-train: the trained model")
+        blend = [{k: str(r.get(k)) for k in ("phase", "source", "documents", "available_tokens", "configured_weight",
+                                              "share", "tokens", "repetitions", "absent")} for r in summary.get("blend") or []]
+        if blend:
+            create_table_artifact(blend, key="train-blend", description="tokenize-train: the blend as trained "
+                                  "(share per source after redistribution; absent: no documents in this data)")
     except Exception:
         pass

@@ -54,7 +54,7 @@ class WatchConfig(BaseModel):
     dataset: str = Field("crawl", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the curated dataset the new files go into: each curate run adds a version (and dedups against the earlier ones)")
     retry_after_s: float = Field(3600, gt=0, description="announced files with no curate run this long after the event are announced again")
     max_attempts: int = Field(3, ge=1, description="files whose curate runs failed this many times wait (logged) until they change")
-    curate_config: str = Field("configs/curate/demo.yaml", description="curate config used by `quipu watch --once`")
+    curate_config: str = Field("configs/curate/default.yaml", description="curate config used by `quipu watch --once`")
 
     @field_validator("locations", "suffixes", mode="before")
     @classmethod

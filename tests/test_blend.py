@@ -216,6 +216,53 @@ def test_blend_table_warns_above_four_epochs(mixed, tmp_path):
         assert col in table.splitlines()[0]
 
 
+def test_a_language_missing_from_the_data_is_redistributed_or_named(mixed, tmp_path):
+    # the shipped blend on a version without English: es and pt share English's weight, and say so
+    name = mixed["name"]
+    blend = [{"dataset": name, "where": {"lang": "es"}, "weight": 0.4, "when_empty": "redistribute"},
+             {"dataset": name, "where": {"lang": "pt"}, "weight": 0.3, "when_empty": "redistribute"},
+             {"dataset": name, "where": {"lang": "en"}, "weight": 0.3, "when_empty": "redistribute"}]
+    cfg = config(tmp_path, blend)
+    sources = load_sources(cfg, mixed["prepared"])
+    assert [s.name for s in sources] == [f"{name}[lang=es]", f"{name}[lang=pt]"]
+    (phase,), _ = plan_data(cfg, sources)
+    es, pt, en = phase.report
+    assert es["share"] == pytest.approx(0.4 / 0.7, abs=1e-6) and pt["share"] == pytest.approx(0.3 / 0.7, abs=1e-6)
+    assert es["configured_weight"] == 0.4 and en["absent"] and en["share"] == 0 and en["configured_weight"] == 0.3
+    table = format_blend_report(blend_report([phase]))
+    assert f"NOTE: phase 'general', source '{name}[lang=en]': fewer than 2 documents in this data, trained without it; " \
+           "its weight 0.3 goes to the phase's other sources in proportion (when_empty: redistribute)" in table
+    # as shipped before: a source that must be there fails naming the fix; a phase left empty fails too
+    strict = config(tmp_path, [{**src, "when_empty": "fail"} for src in blend])
+    with pytest.raises(BlendError, match=r"\[lang=en\]'. has 0 document\(s\); need at least 2.*when_empty: redistribute"):
+        load_sources(strict, mixed["prepared"])
+    nothing = config(tmp_path, [{"dataset": name, "where": {"lang": "en"}, "weight": 1.0, "when_empty": "redistribute"}])
+    with pytest.raises(BlendError, match=r"data.phases\[0\] \('general'\): none of its sources .* has documents"):
+        plan_data(nothing, load_sources(nothing, mixed["prepared"]))
+
+
+def test_a_run_far_above_its_data_trains_fewer_steps_and_says_so(mixed, tmp_path):
+    from quipu.flows.train import fit_steps_to_data
+    name = mixed["name"]
+    cfg = config(tmp_path, [{"dataset": name, "where": {"lang": "es"}, "weight": 1.0}],
+                 **{"train.max_steps": 400, "data.max_epochs": 2, "schedule.kind": "cosine", "schedule.warmup_steps": 50})
+    sources = load_sources(cfg, mixed["prepared"])
+    distinct = sources[0].train_tokens
+    fitted, note = fit_steps_to_data(cfg, sources, 0)
+    steps = fitted.train.max_steps
+    assert steps == int(400 * 2 / (400 * 8 * 64 / distinct)) and 0 < steps < 400 and fitted.schedule.warmup_steps < steps
+    assert note.startswith(f"data.max_epochs 2: 400 steps would repeat source '{name}[lang=es]' ({distinct:,} distinct "
+                           f"tokens)") and f"training {steps} step(s), to step {steps}, instead" in note
+    (phase,), _ = plan_data(fitted, sources)
+    assert 1.5 < phase.report[0]["repetitions"] <= 2
+    # a continuation counts from its checkpoint; within the limit, or with none, nothing changes
+    again, note = fit_steps_to_data(cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps": 110})}),
+                                    sources, 100)
+    assert note is None and again.train.max_steps == 110
+    assert fit_steps_to_data(config(tmp_path, cfg.data.model_dump()["phases"][0]["sources"],
+                                    **{"train.max_steps": 400}), sources, 0)[1] is None
+
+
 def test_dup_count_upsampling_with_cap(mixed, tmp_path):
     name = mixed["name"]
     cfg = config(tmp_path, [{"dataset": name, "dup_upsample_cap": 3, "weight": 1.0}])

@@ -8,7 +8,7 @@ import yaml
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import ValidationError, validate
 
-from quipu.flows.config import ConfigError
+from quipu.flows.config import ConfigError, load_config
 from quipu.flows.curate import curate
 from quipu.flows.curate_config import AS_IN_FILE, CurateConfig, from_form
 from quipu.flows.deploy import DEFAULT_FILE, ROOT, resolve
@@ -54,8 +54,8 @@ def test_deployed_parameters_fit_the_form_and_resolve_to_the_file(schema):
     dep = next(d for d in resolved["deployments"] if d["name"] == "curate")
     validate(dep["parameters"], schema, raise_on_error=True)          # as the server does for each run
     cfg = from_form(dep["parameters"]["config"], ROOT)
-    demo = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
-    assert cfg.langid.min_score == demo["langid"]["min_score"] and cfg.input == ["data/raw"]
+    shipped = load_config(CurateConfig, ROOT / "configs/curate/default.yaml")   # the es/pt/en config, not the demo's
+    assert cfg.langid == shipped.langid and cfg.heuristics == shipped.heuristics and cfg.input == ["data/raw"]
     # a block changed in the form goes on top of the file, key by key
     changed = from_form({**dep["parameters"]["config"], "dedup": {"threshold": 0.7}, "workers": 1}, ROOT)
     assert changed.dedup.threshold == 0.7 and changed.dedup.enabled == cfg.dedup.enabled and changed.workers == 1

@@ -227,3 +227,24 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
     for needle in ("where to look", "curated shards", f"quipu report {tmp_path / 'run'}", "quipu catalog ls",
                    "what happened to what we planted", "pii: edits to kept text"):
         assert needle in out
+
+
+def test_shipped_teacher_labels_go_into_the_label_cache(tmp_path, monkeypatch):
+    """The teacher labels exported from one catalog (the demo's, made once) are put into another's
+    label cache; entries already there are kept; the file's bytes are deterministic."""
+    from quipu.catalog.registry import kv_get_many, kv_put_many
+    from quipu.demo.ppl_step import export_teacher_labels, label_namespaces, seed_teacher_labels
+    means, tokens = label_namespaces()
+    monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "maker"))
+    kv_put_many(means, {"k1": 2.5, "k2": 3.0})
+    kv_put_many(tokens, {"k1": [2.0, 3.0], "k2": [3.0]})
+    shipped = tmp_path / "labels.json.gz"
+    assert export_teacher_labels(shipped) == 4
+    first = shipped.read_bytes()
+    assert export_teacher_labels(shipped) == 4 and shipped.read_bytes() == first
+    monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "user"))
+    kv_put_many(means, {"k2": 9.0})
+    assert seed_teacher_labels(shipped) == 3
+    assert kv_get_many(means, ["k1", "k2"]) == {"k1": 2.5, "k2": 9.0}
+    assert kv_get_many(tokens, ["k1", "k2"]) == {"k1": [2.0, 3.0], "k2": [3.0]}
+    assert seed_teacher_labels(tmp_path / "none.json.gz") == 0

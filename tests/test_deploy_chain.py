@@ -10,7 +10,7 @@ from quipu.flows.config import ConfigError
 from quipu.flows.deploy import DEFAULT_FILE, ROOT, resolve
 
 TRAIN_FILE = "configs/train/default.yaml"
-CURATE_FILE = "configs/curate/demo.yaml"
+CURATE_FILE = "configs/curate/default.yaml"
 
 
 def _spec(tmp_path, train: dict | None = None, curate: dict | None = None) -> dict:
@@ -48,7 +48,7 @@ def test_shipped_deployments_fit_together_and_training_listens_to_its_blend():
 @pytest.mark.parametrize("train, curate, message", [
     (lambda c: _phase(c).update(order="ppl_wayra"), None,
      r"tokenize-train \(.*tokenize-train.yaml\): data.phases\[0\].order: ppl_wayra needs column 'ppl_wayra', which "
-     r"deployment curate \(configs/curate/demo.yaml\) does not write \(perplexity is off\); fix: set `order: shuffle` "
+     r"deployment curate \(configs/curate/default.yaml\) does not write \(perplexity is off\); fix: set `order: shuffle` "
      r"in .*tokenize-train.yaml, or switch on perplexity.enabled: true"),
     (lambda c: _phase(c)["sources"][0].update(where={"quality_score": ">= 0.5", "lang": "es"}), None,
      r"sources\[0\].where.quality_score needs column 'quality_score'.*quality is off.*quality.enabled: true"),
@@ -69,6 +69,23 @@ def test_deploy_fails_on_configs_that_do_not_fit(tmp_path, train, curate, messag
         resolve(spec, ROOT)
     with pytest.raises(ConfigError, match="do not fit together"):    # also when deploying one of them
         resolve(spec, ROOT, ["watch"])
+
+
+def test_a_language_every_version_must_hold_is_a_warning(tmp_path):
+    """The shipped blend trains on whatever languages a version holds; a source that must be in
+    every version (when_empty: fail) is told at deploy: a batch in other languages fails training."""
+    from quipu.flows.deploy_chain import check_chain
+
+    def resolved(spec):
+        out, _, _ = resolve(spec, ROOT, check=False)
+        return out["deployments"], {k: v for k, v in spec["quipu"]["configs"].items()}
+    errors, warnings = check_chain(*resolved(yaml.safe_load(DEFAULT_FILE.read_text())), ROOT)
+    assert errors == [] and not [w for w in warnings if "when_empty" in w]
+    strict = _spec(tmp_path, lambda c: _phase(c)["sources"][2].update(when_empty="fail"))
+    errors, warnings = check_chain(*resolved(strict), ROOT)
+    (warning,) = [w for w in warnings if "when_empty" in w]
+    assert errors == [] and "data.phases[0].sources[2]: a version the chain curates without 'en' documents" in warning
+    assert "fix: set `when_empty: redistribute` on it in" in warning and "tokenize-train.yaml" in warning
 
 
 def test_without_a_watcher_deployment_a_triggered_run_may_write_any_dataset(tmp_path):
@@ -123,6 +140,10 @@ def test_tokenizer_fit_checks(tmp_path):
     fert = {"en": {"tokens_per_word": 1.3}, "es": {"tokens_per_word": 3.4}}
     assert fertility_problems(fert, {"en", "es", "pt"}, 2.5) == [
         "es: 3.40 tokens per word, above tokenizer.max_tokens_per_word 2.5", "pt: no held-out text to measure the tokenizer on"]
+    # the shipped blend may go without a language (when_empty: redistribute): its absence is no problem
+    assert blend_languages(data, required_only=True) == set()
+    assert fertility_problems(fert, {"en", "es", "pt"}, 2.5, required=set()) == [
+        "es: 3.40 tokens per word, above tokenizer.max_tokens_per_word 2.5"]
     shard = tmp_path / "s.parquet"
     pq.write_table(pa.table({"id": [f"d{i}" for i in range(60)], "text": ["uma frase curta aqui"] * 30 + ["a b"] * 30,
                              "lang": ["pt"] * 30 + ["es"] * 30}), shard)
@@ -131,6 +152,23 @@ def test_tokenizer_fit_checks(tmp_path):
     short = tokenizer_text_shortfall(bpe, cfg.data, {"crawl": [{"path": str(shard)}]})
     assert [s.split(":")[0] for s in short] == ["en", "es"] and short[0] == "en: 0 of 100 words"   # pt has ~110
     assert tokenizer_text_shortfall(cfg.tokenizer, cfg.data, {"crawl": [{"path": str(shard)}]}) == []   # smollm2: fixed
+
+
+def test_a_dataset_another_checkout_curated_is_said(tmp_path):
+    """One catalog per user (QUIPU_HOME) serves every checkout: a curate run into a dataset that
+    another checkout's runs filled says so before it adds to it and deduplicates against it."""
+    import uuid
+
+    from quipu.catalog import registry
+    from quipu.flows.curate import CHECKOUT, shared_dataset_warning
+    name = f"shared-{uuid.uuid4().hex[:6]}"
+    assert shared_dataset_warning(name) is None
+    registry.register_dataset(name, "curated", str(tmp_path / "mine"), None, [], info={"checkout": str(CHECKOUT)})
+    assert shared_dataset_warning(name) is None
+    registry.register_dataset(name, "curated", str(tmp_path / "theirs"), None, [], info={"checkout": "/elsewhere/quipu"})
+    warning = shared_dataset_warning(name)
+    assert f"dataset {name!r} in the catalog" in warning and "(v2 from /elsewhere/quipu)" in warning
+    assert "set QUIPU_HOME per checkout" in warning
 
 
 def test_makefile_takes_the_prefect_address_from_the_environment():

@@ -190,16 +190,16 @@ def test_resolve_fills_configs_validates_and_skips_missing_flows(tmp_path):
     assert {"curate", "watch"} <= set(kept)
     assert "quipu" not in resolved and "{{ $QUIPU_ROOT }}" not in yaml.safe_dump(resolved)
     assert resolved["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(ROOT)
-    demo = yaml.safe_load((ROOT / "configs/curate/demo.yaml").read_text())
+    shipped = yaml.safe_load((ROOT / "configs/curate/default.yaml").read_text())   # the es/pt/en config
     deps = {d["name"]: d for d in resolved["deployments"]}
     # curate's form names its file (read where the run executes), the YAML's values on top
     cfg = deps["curate"]["parameters"]["config"]
-    assert cfg == {"config_file": "configs/curate/demo.yaml", "input": ["data/raw"], "output": "runs/curate",
+    assert cfg == {"config_file": "configs/curate/default.yaml", "input": ["data/raw"], "output": "runs/curate",
                    "artifact_prefix": "curate"}
     full = from_form(cfg, ROOT)
-    assert full.langid.languages == demo["langid"]["languages"] and full.output == "runs/curate"
+    assert full.langid.languages == shipped["langid"]["languages"] and full.output == "runs/curate"
     tcfg = deps["curate"]["triggers"][0]["parameters"]["config"]
-    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["config_file"] == "configs/curate/demo.yaml"
+    assert tcfg["input"] == "{{ event.payload.paths }}" and tcfg["config_file"] == "configs/curate/default.yaml"
     for name in ("quality-train", "ppl-distill", "tokenize-train"):
         entry = {d["name"]: d for d in yaml.safe_load(DEFAULT_FILE.read_text())["deployments"]}[name]["entrypoint"]
         assert (name in kept) == (ROOT / entry.split(":")[0]).is_file()
@@ -287,13 +287,44 @@ def test_diff_runs_stage_by_stage():
 
 def test_summary_markdown_links_every_report():
     md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"])
-    assert "(file:///r/a/extract/report.json)" in md and "(file:///r/a/heuristics/report.json)" in md
-    assert "(file:///r/a/run.json)" in md and "**60**" in md
+    assert "`/r/a/extract/report.json`" in md and "`/r/a/heuristics/report.json`" in md
+    assert "file://" not in md and "**60**" in md       # a file:// link does not open from the UI
+    assert "- dataset: **a**" in md                      # no dataset in the config: the output folder's name
     # with the UI pages of the run's other artifacts: each stage's row and each other title
     pages = {"heuristics": "http://ui/artifacts/artifact/1", "charts": "http://ui/artifacts/artifact/2"}
     md = summary_markdown(_run("a", 60, {}), ["extract", "heuristics"], pages)
-    assert "| heuristics | 90 | 60 | 30 | [artifact](http://ui/artifacts/artifact/1) · " in md
-    assert "- charts: [charts](http://ui/artifacts/artifact/2)" in md and "| extract | 100 | 90 | 10 | [extract/" in md
+    assert "| heuristics | 90 | 60 | 30 | [artifact](http://ui/artifacts/artifact/1) |" in md
+    assert "- charts: [charts](http://ui/artifacts/artifact/2)" in md and "| extract | 100 | 90 | 10 | `/r/a/extract/" in md
+
+
+def test_reports_show_what_was_kept_per_language(tmp_path):
+    """`quipu report`, the summary artifact and --html: per language the decisions and a sample of
+    kept documents with the scores that let them through."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from quipu.flows.html_report import render
+    from quipu.flows.reports import format_funnel
+    shard = tmp_path / "part-00000.parquet"
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(8)], "lang": ["es", "pt"] * 4,
+                             "text": [f"texto número {i} | con barra" for i in range(8)],
+                             "lang_score": [0.91 + i / 100 for i in range(8)], "quality_score": [0.5] * 8}), shard)
+    run = _run("a", 60, {"c4:too_few_sentences": 30})
+    run["curated"]["shards"] = [str(shard)]
+    run["stages"][1]["by_language"] = {"es": {"kept": 4, "removed": 20, "by_reason": {"c4:too_few_sentences": 20}},
+                                       "pt": {"kept": 4, "removed": 10, "by_reason": {"c4:too_few_sentences": 10}}}
+    text = format_funnel(run)
+    assert "kept, per language" in text and "es   d0  [lang_score=0.91 quality_score=0.5]  texto número 0" in text
+    assert "pt   d5  [lang_score=0.96" in text and " d6 " not in text      # three per language
+    md = summary_markdown(run, ["extract", "heuristics"])
+    assert "| heuristics | es | 4 | 20 | c4:too_few_sentences (20) |" in md
+    assert "| pt | `d1` | lang_score=0.92 quality_score=0.5 | texto número 1 \\| con barra |" in md
+    from quipu.flows.reports import stage_markdown
+    stage = stage_markdown({"stage": "heuristics", "input_docs": 90, "kept_docs": 60, "removed_docs": 30,
+                            "stats": {"by_language": run["stages"][1]["by_language"], "rules": 3}})
+    assert "| es | 4 | 20 | c4:too_few_sentences (20) |" in stage and '"by_language"' not in stage   # a table, not JSON
+    page = render(run, {}, tmp_path)
+    assert "Kept, per language" in page and "Decisions per language" in page and "d3" in page
 
 
 def test_progress_without_a_run_context_only_computes():

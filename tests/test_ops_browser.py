@@ -46,8 +46,7 @@ def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         run = json.loads((out / "run.json").read_text())
         arts = _artifacts(server.url, run["run_id"])
-        expected = {"browser-test-funnel", "browser-test-summary", "browser-test-progress", "browser-test-run-json",
-                    "browser-test-charts"} | \
+        expected = {"browser-test-funnel", "browser-test-summary", "browser-test-progress", "browser-test-charts"} | \
                    {f"browser-test-stage-{s['name']}" for s in run["stages"]}
         assert expected <= set(arts), sorted(arts)
         assert arts["browser-test-progress"]["data"] == 100.0
@@ -55,7 +54,7 @@ def test_run_artifacts_render_in_chromium(shared_data, tmp_path):
         # and a log line at the run's end gives the summary's address.
         summary = arts["browser-test-summary"]
         linked = {k for k, a in arts.items() if f"/artifacts/artifact/{a['id']})" in summary["data"]}
-        assert linked == expected - {"browser-test-summary", "browser-test-progress", "browser-test-run-json"}, linked
+        assert linked == expected - {"browser-test-summary", "browser-test-progress"}, linked
         assert all(arts[k]["created"] < summary["created"] for k in linked)
         line = f"summary of the run: {server.url[:-len('/api')]}/artifacts/artifact/{summary['id']}"
         wait_until(lambda: any(line in log["message"] for log in _post(

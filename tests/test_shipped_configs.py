@@ -5,7 +5,7 @@ a kind with no runner below fails `test_every_config_kind_has_a_runner`. `--set`
 documents, tokens, epochs) and where inputs and outputs live (a temporary folder, the curated shards
 made here instead of a path the config expects from an earlier step); never what a stage does.
 One demo-corpus curate run (`quipu watch --once` with configs/watch/default.yaml, which curates with
-configs/curate/demo.yaml) feeds the train, quality, kenlm and ppl configs. A config whose input is in
+configs/curate/default.yaml) feeds the train, quality, kenlm and ppl configs. A config whose input is in
 ../shared/data skips with the reason on a clone without it; any other path a fresh clone lacks fails.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def world(prefect_server, tmp_path_factory) -> World:
     raw = w.tmp / "raw"
     build_demo_corpus(w.tmp / "corpus", scale=0.05)
     shutil.copytree(w.tmp / "corpus" / "raw", raw)
-    # `quipu watch --once` as shipped: finds the files, curates them with configs/curate/demo.yaml
+    # `quipu watch --once` as shipped: finds the files, curates them with configs/curate/default.yaml
     runs = w.tmp / "incremental"
     assert _main("watch", "configs/watch/default.yaml", "--once", "--location", str(raw),
                  "--set", f"output_root={runs}", "--set", "settle_s=0", "--set", "dataset=shipped-crawl") == 0
@@ -93,7 +93,7 @@ def world(prefect_server, tmp_path_factory) -> World:
     w.curated = sorted((run / "curated").glob("*.parquet"))
     assert w.curated and sum(pq.ParquetFile(p).metadata.num_rows for p in w.curated) >= 10
     assert registry.get_dataset("shipped-crawl", "curated")["run_id"] == json.loads((run / "run.json").read_text())["run_id"]
-    w.outputs["configs/watch/default.yaml"] = w.outputs["configs/curate/demo.yaml"] = run
+    w.outputs["configs/watch/default.yaml"] = w.outputs["configs/curate/default.yaml"] = run
     # the next look finds the curated files seen: no second run
     assert _main("watch", "configs/watch/default.yaml", "--once", "--location", str(raw),
                  "--set", f"output_root={runs}", "--set", "settle_s=0", "--set", "dataset=shipped-crawl") == 0

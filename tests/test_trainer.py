@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = {
     "en": "the cat dog river house green small runs sees under over near old new bread water light city".split(),
     "es": "el gato perro río casa verde pequeño corre ve bajo sobre cerca viejo nuevo pan agua luz ciudad".split(),
+    "pt": "o gato cão rio casa verde pequeno corre vê sob sobre perto velho novo pão água luz cidade".split(),
 }
 
 
@@ -399,6 +400,68 @@ def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
     assert t.step == 8 and t.skip_steps == 2 and all(math.isfinite(r["loss"]) for r in rows if r.get("loss") and r["step"] > 6)
     after = [r for r in rows if "lr" in r and r["step"] > 6]
     assert after and all(r["lr"] == pytest.approx(0.5 * cfg.optim.lr * cfg.schedule.fraction(r["step"] - 1, 8)) for r in after)
+
+
+def test_persistent_spikes_end_in_one_line_naming_the_fix(prepared, tmp_path):
+    from quipu.catalog.errors import UserError
+    from quipu.trainer.train import Trainer, TrainingDiverged
+    run = new_run(prepared, tmp_path, "diverging")
+    cfg = load_config(TrainConfig, data=base_config(run, **{"spike": {"max_consecutive": 2, "max_rollbacks": 0}}))
+
+    class Poisoned(Trainer):
+        def _loss_sum(self, x, y, pos, seg):
+            s, n = super()._loss_sum(x, y, pos, seg)
+            return (s * float("nan"), n) if self.step >= 4 else (s, n)
+
+    with pytest.raises(TrainingDiverged) as e:
+        Poisoned(cfg, run).run()
+    assert isinstance(e.value, UserError) and "\n" not in str(e.value)     # the CLI and a worker print it as one line
+    assert re.search(r"loss spikes persist after 0 rollback\(s\) \(spike.max_rollbacks\); last checkpoint .*; "
+                     r"fix: lower optim.lr, raise spike.factor or spike.max_rollbacks", str(e.value))
+
+
+def test_any_other_training_failure_on_a_worker_is_one_line(tmp_path):
+    from quipu.flows.train import unexpected_failure
+    try:
+        raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+    except RuntimeError as e:
+        line = unexpected_failure(e, tmp_path / "run")
+    assert "\n" not in line and line.startswith("training failed: RuntimeError: CUDA out of memory.")
+    assert f"(traceback in {tmp_path / 'run' / 'error.log'})" in line and "resumes from the newest checkpoint" in line
+    assert "Traceback" in (tmp_path / "run" / "error.log").read_text()
+
+
+def test_shipped_continual_run_on_es_pt_versions_neither_memorises_nor_rolls_back(prefect_server, tmp_path, capsys):
+    """configs/train/default.yaml as shipped (only its dataset and output moved): a tiny es/pt
+    version (no English) trains the steps its tokens bear, not 200 steps of them; the next version
+    continues from that checkpoint, its guard measuring the new data, with no rollback."""
+    import uuid
+
+    from quipu.flows.train import tokenize_train
+    from quipu.trainer.continual import NewVersion
+    name = f"tiny-crawl-{uuid.uuid4().hex[:6]}"
+    text = (ROOT / "configs/train/default.yaml").read_text().replace("dataset: crawl", f"dataset: {name}")
+    shipped = __import__("yaml").safe_load(text)
+    # the blend, limits, schedule and guard as shipped; a smaller model, the behaviour is under test
+    cfg = load_config(TrainConfig, data=shipped | {"output": str(tmp_path / "run"), "eval": {"sample_tokens": 0},
+                                                   "model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1,
+                                                             "max_seq_len": 256, "tie_embeddings": True}})
+    write_curated(tmp_path / "v1", name, synthetic_docs(6, 1, "es") + synthetic_docs(6, 2, "pt"))
+    first = tokenize_train(cfg, new_version=NewVersion(dataset=name, version=1))
+    notes = "\n".join(first["data_notes"])
+    err = capsys.readouterr().err
+    assert "data.max_epochs 4" in err and "does not fit" not in err     # no English is no problem for this blend
+    assert 0 < first["step"] < cfg.train.max_steps and "data.max_epochs 4:" in notes and f"{name}[lang=en]" in notes
+    assert all(r["repetitions"] <= 4 for r in first["blend"] if not r.get("absent"))
+    assert {r["source"]: r["share"] for r in first["blend"]}[f"{name}[lang=en]"] == 0
+    write_curated(tmp_path / "v2", name, synthetic_docs(16, 3, "es") + synthetic_docs(16, 4, "pt"))
+    second = tokenize_train(cfg, new_version=NewVersion(dataset=name, version=2))
+    assert second["resumed_from_step"] == first["step"] < second["step"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r.get("event") == "rollback" or r.get("skipped")]
+    from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    history = load_checkpoint(latest_checkpoint(tmp_path / "run"))["trainer"]["grad_norm_history"]
+    assert len(history) == second["step"] - first["step"]      # the guard's median: the new version's steps only
 
 
 def test_export_matches_transformers(prepared, tmp_path):

@@ -146,6 +146,10 @@ class SourceSpec(BaseModel):
     dup_upsample_cap: int | str | dict[str, int] | None = Field(
         None, description="copies per epoch by duplicate cluster size (dup_count, from dedup): K (min(dup_count, K)), "
                            "a table {1: 1, 2: 2, 3-4: 3, 5+: 4} or a preset (fineweb2)")
+    when_empty: Literal["fail", "redistribute"] = Field(
+        "fail", description="data with fewer than 2 of this source's documents (a batch without its language): "
+                            "fail, or redistribute (train without it; its weight goes to the phase's other sources "
+                            "in proportion to theirs, as the blend table says)")
 
     @field_validator("versions")
     @classmethod
@@ -240,6 +244,9 @@ class ContinualConfig(BaseModel):
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seq_len: int = Field(256, gt=1)
+    max_epochs: float | None = Field(None, gt=0, description="steps to train now that would repeat the blend's distinct "
+                                                             "tokens more often than this: train fewer steps (said before "
+                                                             "training); null: train every step (a WARNING above 4 epochs)")
     phases: list[PhaseSpec] = Field(min_length=1)
     continual: ContinualConfig = Field(default_factory=ContinualConfig)
     eval_docs_per_source: int = Field(16, ge=1, description="held-out documents per source (at most 10 % of it)")
@@ -323,7 +330,9 @@ def split_heldout(name: str, shards: TokenShards, per_source: int, seed: int,
     docs = np.arange(shards.num_docs) if selected is None else np.asarray(selected, dtype=np.int64)
     n = len(docs)
     if n < 2:
-        raise BlendError(f"source {name!r}: has {n} document(s); need at least 2 (one held out for eval)")
+        raise BlendError(f"source {name!r}: has {n} document(s); need at least 2 (one held out for eval); fix: curate "
+                         "more of its documents, or set `when_empty: redistribute` on the source to train without it "
+                         "when the data lacks it")
     k = min(per_source, max(1, n // 10))
     perm = np.random.default_rng([seed, _stable(name), 0xE7A1]).permutation(n)
     train_pos, eval_pos = np.sort(perm[k:]), np.sort(perm[:k])
@@ -544,6 +553,27 @@ def eval_rows(sources: list[SourceData], seq_len: int, n_rows: int) -> tuple[np.
     return tuple(np.stack(a) for a in out)
 
 
+def present_sources(spec: PhaseSpec, present: set[str], where: str) -> tuple[PhaseSpec, list[dict]]:
+    """`spec` with only the sources in `present` (those with documents in this data), weights
+    rescaled to sum to 1, and a blend-report row for each source left out (`when_empty:
+    redistribute`); a phase left with no source is an error."""
+    kept = [s for s in spec.sources if s.key in present]
+    gone = [s for s in spec.sources if s.key not in present]
+    if not gone:
+        return spec, []
+    if not kept:
+        raise BlendError(f"{where}: none of its sources ({', '.join(s.key for s in spec.sources)}) has documents in "
+                         "this data; curate data they select, or add a source that this data holds")
+    if kept[0].weight is not None:
+        total = sum(s.weight for s in kept)
+        kept = [s.model_copy(update={"weight": s.weight / total}) for s in kept]
+    rows = [{"phase": spec.name, "source": s.key, "dataset": s.dataset, "versions": s.versions, "where": s.where or None,
+             "weight": 0.0 if s.weight is not None else None, "configured_weight": s.weight, "epochs": s.epochs,
+             "dup_upsample_cap": s.dup_upsample_cap, "documents": 0, "available_tokens": 0, "epoch_tokens": 0,
+             "share": 0.0, "tokens": 0, "repetitions": None, "absent": True} for s in gone]
+    return spec.model_copy(update={"sources": kept}), rows
+
+
 def blend_report(phases: list[PhaseStream]) -> list[dict]:
     return [r | {"start_step": p.start_step, "end_step": p.end_step} for p in phases for r in p.report]
 
@@ -564,7 +594,12 @@ def format_blend_report(rows: list[dict]) -> str:
         lines.append(f"{r['phase']:<12.12} {r['source']:<28.28} {str(r['start_step']) + '-' + str(r['end_step']):>13} "
                      f"{r['available_tokens']:>12,} {weight:>7} {r['share']:>7.3f} {r['tokens']:>12,} "
                      f"{'-' if reps is None else format(reps, '.2f'):>7}")
-        if reps is not None and reps > MAX_EPOCHS:
+        if r.get("absent"):
+            moved = (f"its weight {r['configured_weight']:g} goes to the phase's other sources in proportion"
+                     if r["configured_weight"] is not None else "the other sources' epochs set the shares")
+            warnings.append(f"NOTE: phase {r['phase']!r}, source {r['source']!r}: fewer than 2 documents in this data, "
+                            f"trained without it; {moved} (when_empty: redistribute)")
+        elif reps is not None and reps > MAX_EPOCHS:
             warnings.append(f"WARNING: phase {r['phase']!r}, source {r['source']!r}: {reps:.1f} epochs over its "
                             f"{r['available_tokens']:,} tokens (more than {MAX_EPOCHS}: repeated data stops helping; "
                             "lower its weight, add data, or train fewer steps)")

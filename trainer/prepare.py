@@ -91,12 +91,13 @@ def build_tokenizer(cfg: TokenizerConfig, sources: dict[str, list[dict]], run_di
     return tok, fert
 
 
-def blend_languages(data: DataConfig) -> set[str]:
-    """The languages a blend selects by name (`where: {lang: pt}` or `{lang: [es, pt]}`)."""
+def blend_languages(data: DataConfig, required_only: bool = False) -> set[str]:
+    """The languages a blend selects by name (`where: {lang: pt}` or `{lang: [es, pt]}`);
+    `required_only`: those of sources that must have documents (not `when_empty: redistribute`)."""
     from quipu.trainer.data import parse_condition
     out: set[str] = set()
     for spec in data.source_specs().values():
-        if "lang" in spec.where:
+        if "lang" in spec.where and not (required_only and spec.when_empty == "redistribute"):
             op, value = parse_condition(spec.where["lang"])
             out |= {value} if op == "==" else set(value) if op == "in" else set()
     return {str(x) for x in out}
@@ -122,11 +123,14 @@ def tokenizer_text_shortfall(cfg: TokenizerConfig, data: DataConfig, sources: di
             for lang in sorted(blend_languages(data)) if words.get(lang, 0) < cfg.min_words_per_language]
 
 
-def fertility_problems(fert: dict, languages: set[str], limit: float) -> list[str]:
-    """A blend language without held-out text, or above `limit` tokens per word on it."""
+def fertility_problems(fert: dict, languages: set[str], limit: float, required: set[str] | None = None) -> list[str]:
+    """A blend language without held-out text (of `required`, default all: a language the blend
+    may go without is no problem when absent), or above `limit` tokens per word on it."""
     out = []
     for lang in sorted(languages):
         tpw = (fert.get(lang) or {}).get("tokens_per_word")
+        if tpw is None and required is not None and lang not in required:
+            continue
         if tpw is None:
             out.append(f"{lang}: no held-out text to measure the tokenizer on")
         elif tpw > limit:
@@ -205,6 +209,8 @@ def load_sources(data: DataConfig, prepared: dict, seed: int) -> list[SourceData
             selected = np.flatnonzero(mask)
             if spec.dup_upsample_cap is not None:
                 copies = dup_copies(table, spec.dup_upsample_cap, f"source {key!r}")[mask]
+        if spec.when_empty == "redistribute" and (tokens.num_docs if selected is None else len(selected)) < 2:
+            continue     # absent from this data: plan_data shares its weight among the phase's others
         src = split_heldout(key, tokens, data.eval_docs_per_source, seed, selected, copies)
         src.eval_lang = document_langs(markers, tokens, src.eval_docs)
         sources.append(src)

@@ -29,12 +29,14 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.catalog.errors import UserError
 from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
 from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_sharded,
                                      read_trainer_state, remove_partial_saves, save_checkpoint, set_rng_state,
                                      sharded_wanted)
 from quipu.trainer.bpb import TaskFile
-from quipu.trainer.data import Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, resolve_phase_starts
+from quipu.trainer.data import (Batcher, BlendError, DataConfig, blend_report, build_phase, eval_rows, present_sources,
+                                resolve_phase_starts)
 from quipu.trainer.model import Llama, ModelConfig, pad_vocab
 from quipu.trainer.tokenizer import TextTokenizer, TokenizerConfig
 
@@ -155,8 +157,10 @@ class TrainConfig(BaseModel):
 
 # ---- set-up ------------------------------------------------------------------------------------
 
-class TrainingDiverged(RuntimeError):
-    """Loss spikes persisted through every allowed rollback."""
+class TrainingDiverged(UserError, RuntimeError):
+    """Loss spikes persisted through every allowed rollback (a user error: the message names the
+    settings that fix it; the CLI and a worker print it as one line)."""
+    exit_code = 1
 
 
 class Dist:
@@ -387,7 +391,8 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
     ends = starts[1:] + [max_steps]
     by_name = {s.name: s for s in sources}
     phases = []
-    for i, (spec, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
+    for i, (configured, a, b) in enumerate(zip(cfg.data.phases, starts, ends)):
+        spec, absent = present_sources(configured, set(by_name), f"data.phases[{i}] ({configured.name!r})")
         seq_len = spec.seq_len or cfg.data.seq_len
         tokens_per_step = cfg.train.batch_size * seq_len
         srcs = [by_name[s.key] for s in spec.sources]
@@ -399,7 +404,10 @@ def plan_data(cfg: TrainConfig, sources: list) -> tuple[list, Batcher]:
         for s in srcs:
             if s.train_tokens == 0:
                 raise BlendError(f"data.phases[{i}]: source {s.name!r} has no training tokens")
-        phases.append(build_phase(spec.name, spec, srcs, a, b, tokens_per_step, seq_len, cfg.seed, i))
+        phase = build_phase(spec.name, spec, srcs, a, b, tokens_per_step, seq_len, cfg.seed, i)
+        weights = {s.key: s.weight for s in configured.sources}
+        phase.report = [r | {"configured_weight": weights[r["source"]]} for r in phase.report] + absent
+        phases.append(phase)
     return phases, Batcher(phases, sources, cfg.data.seq_len, cfg.train.batch_size)
 
 
@@ -600,6 +608,8 @@ class Trainer:
         loss = float(self.dist.sum(loss_total.reshape(1)).item()) / max(1, n_global)
         clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip))
+        if step > 0 and any(p.start_step == step for p in self.phases):
+            self.guard.history = []     # new data (a phase, a continual version): measure against it, not the old
         skip = self.guard.check(grad_norm)
         if skip is None:
             self.optimizer.step()
@@ -674,7 +684,9 @@ class Trainer:
             return False
         if self.rollbacks >= self.cfg.spike.max_rollbacks:
             raise TrainingDiverged(f"step {self.step}: loss spikes persist after {self.rollbacks} rollback(s) "
-                                   f"(spike.max_rollbacks); last checkpoint {ckpt}")
+                                   f"(spike.max_rollbacks); last checkpoint {ckpt}; fix: lower optim.lr, raise "
+                                   "spike.factor or spike.max_rollbacks, or set spike.enabled: false, then rerun "
+                                   "(it resumes from that checkpoint)")
         rollbacks = self.rollbacks + 1
         skipped_to = self.step
         lr_scale = self.lr_scale * self.cfg.spike.rollback_lr_factor
