@@ -317,7 +317,11 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg, pdf_stats, lost := [], pdf_read)
+                try:
+                    text, reason = decide(item, cfg, pdf_stats, lost := [], pdf_read)
+                except pdf_ranges.FileChanged as e:     # a long PDF replaced while read: not this run's to join
+                    quarantine_rows.append({"source": item.source, "record": item.offset, "id": item.id, "reason": str(e), "snippet": ""})
+                    continue
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -376,7 +380,7 @@ def run_extract(units: list[list[Input]], run: RunContext, cfg: ExtractConfig, m
         got = [next(done) for _ in p]
         if len(p) > 1:      # the PDF's one document, from its ranges' pages (the join is cheap: layout only)
             joined = extract_unit(unit, run.run_dir, cfg, run.removed_schema,
-                                  lambda _source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg))
+                                  lambda source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg, source))
             got = [joined.model_copy(update={"seconds": joined.seconds + sum(part.seconds for part in got)})]
             progress.shard_done(got[0])
         results.extend(got)

@@ -1,0 +1,168 @@
+"""Hostile input, part 3 (issue 44): PDF work bounded in time and processes, checkpoints that trust
+nothing outside their folder, tiny files that would cost gigabytes, every config value range-checked.
+Each test is a reproduction of the probe, small and fast."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quipu.tasks import pdf
+from quipu.tasks.pdf import PdfConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def many_lines_pdf(pages: int, lines: int, seed: int = 0) -> bytes:
+    """A PDF whose pages all share one content stream of `lines` tiny words scattered at random:
+    small as bytes, costly to lay out."""
+    rnd = random.Random(seed)
+    content = "\n".join(f"BT /F1 2 Tf {rnd.uniform(0, 600):.1f} {rnd.uniform(0, 780):.1f} Td (w{i % 97}) Tj ET"
+                        for i in range(lines)).encode()
+    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (" ".join(f"{5 + i} 0 R" for i in range(pages)).encode(), pages),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+            b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content)]
+    objs += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
+             b"/Contents 4 0 R >>"] * pages
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for n, obj in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (n, obj)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)
+
+
+def _dense_results(pages: int, lines: int) -> dict[int, dict]:
+    rnd = random.Random(3)
+    return {p: {"status": "text", "width": 612.0, "height": 792.0,
+                "lines": [(x, x + 8, y, y + 2, f"w{i}") for i in range(lines)
+                          for x, y in [(rnd.uniform(0, 600), rnd.uniform(0, 780))]]} for p in range(pages)}
+
+
+def test_layout_runs_in_the_child_under_the_documents_time_budget():
+    """A layout that takes longer than the time left drops the document's pages (pdf:time_budget)
+    and costs the caller no more than that time: the layout runs in the PDF child, not here."""
+    cfg = PdfConfig(page_timeout_s=0.05)
+    results = _dense_results(8, 4000)
+    info = {"pages": 8, "producer": None, "title": None, "repaired": False}
+    pdf._worker(cfg.max_memory_mb).send(("count", b"%PDF-1.4"))      # the child started, as in a run
+    pdf._worker(cfg.max_memory_mb).receive(60)
+    t0 = time.monotonic()
+    got = pdf.lay_out(info, results, cfg, seconds_left=0)
+    assert time.monotonic() - t0 < 5      # the pages' transfer and the 0.05 s limit, not the layout
+    assert got.reason == "pdf:time_budget" and got.stats["pages_dropped"] == {"pdf:time_budget": 8}
+    assert [p[:3] for p in got.lost_pages] == [(i, i, "pdf:time_budget") for i in range(1, 9)]
+    fine = pdf.lay_out(info, _dense_results(2, 20), PdfConfig(), seconds_left=60)    # and it still works
+    assert fine.reason is None and fine.metadata["pdf_pages_text"] == 2
+
+
+def test_a_page_of_thousands_of_tiny_lines_is_dropped_not_laid_out():
+    got = pdf.read_pdf(many_lines_pdf(2, pdf.MAX_PAGE_LINES + 500), PdfConfig(ocr="never"))
+    assert got.reason == "pdf:page_too_dense" and got.stats["pages_dropped"] == {"pdf:page_too_dense": 2}
+    assert "text lines" in got.lost_pages[0][3]
+
+
+CHILD = """
+import sys, time
+from quipu.tasks import pdf
+w = pdf._worker(512)
+w.send(("count", b"%PDF-1.4"))
+w.receive(120)
+print(w.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_pdf_child_ignores_ctrl_c_and_dies_with_its_parent_even_on_sigkill():
+    """Ctrl-C reaches the whole process group: the child neither dies with a traceback nor stops the
+    parent's work; SIGKILL of the parent leaves no child with parent 1."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        os.kill(child, signal.SIGINT)
+        assert not _gone(child, 0.5), "the PDF child died of SIGINT"
+        proc.kill()
+        proc.wait(10)
+        assert _gone(child, 3), "the PDF child outlived its SIGKILLed parent"
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_long_pdf_changed_between_planning_and_joining_is_quarantined(tmp_path):
+    """A long PDF read in ranges and replaced before its join is quarantined with the reason; the
+    other inputs of the run are extracted and the accounts add up."""
+    from quipu.tasks.extract import ExtractConfig, extract_units, run_extract
+    from quipu.tasks.pdf_ranges import plan_unit
+    from quipu.tasks.stage import RunContext
+    long_pdf, other = tmp_path / "long.pdf", tmp_path / "other.jsonl"
+    long_pdf.write_bytes(many_lines_pdf(6, 30))
+    other.write_text('{"id": "a", "text": "Una frase cualquiera con bastantes palabras para quedarse."}\n')
+    cfg = ExtractConfig(min_chars=1, pdf=PdfConfig(ocr="never", pages_per_unit=2))
+    assert len(plan_unit([str(long_pdf)], cfg.pdf)) == 3
+
+    def then_replace(units, run, c, on_result):
+        got = extract_units(units, run, c, on_result)
+        long_pdf.write_bytes(many_lines_pdf(9, 30, seed=1))      # another, longer file under its name
+        return got
+
+    results, report = run_extract([[str(long_pdf)], [str(other)]], RunContext(str(tmp_path / "run")), cfg, then_replace)
+    assert report["quarantined"] == 1 and report["kept_docs"] == 1
+    assert list(results[0].quarantine_by_reason) == ["pdf changed while read"]
+    assert report["records_read"] == report["input_docs"] + report["quarantined"]
+
+
+def test_page_ranges_share_one_time_budget(tmp_path, monkeypatch):
+    """Each range of a long PDF reads under its share of doc_timeout_s, not the whole of it."""
+    from quipu.tasks import pdf_ranges, readers
+    from quipu.tasks.stage import RunContext
+    path = tmp_path / "long.pdf"
+    path.write_bytes(many_lines_pdf(8, 120))
+    budgets = []
+    real = pdf.read_pages
+    monkeypatch.setattr(pdf, "read_pages", lambda *a, budget_s=None, **k: budgets.append(budget_s) or real(*a, budget_s=budget_s, **k))
+    cfg = PdfConfig(ocr="never", pages_per_unit=3, doc_timeout_s=80)
+    layout = RunContext(str(tmp_path / "run")).layout("extract")
+    for n, (part,) in enumerate(pdf_ranges.plan_unit([str(path)], cfg)):
+        assert isinstance(part, readers.FileSlice)
+        pdf_ranges.read_range(part, layout, f"u{n}", "fp", cfg)
+    assert budgets == [30.0, 30.0, 20.0]
+
+
+def test_pdf_whose_name_is_not_utf8_is_read(tmp_path):
+    from quipu.tasks.extract import ExtractConfig, extract_file
+    name = os.fsdecode(b"informe-caf\xe9.pdf")
+    (tmp_path / name).write_bytes(many_lines_pdf(1, 40))
+    r = extract_file(str(tmp_path / name), tmp_path / "run", ExtractConfig(min_chars=1, pdf=PdfConfig(ocr="never")))
+    assert (r.input_docs, r.kept_docs, r.quarantined) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("key, value", [("page_timeout_s", 1e300), ("doc_timeout_s", float("inf")),
+                                        ("page_timeout_s", float("nan"))])
+def test_pdf_time_limits_are_bounded(key, value):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match=key):
+        PdfConfig(**{key: value})
