@@ -166,3 +166,85 @@ def test_pdf_time_limits_are_bounded(key, value):
     from pydantic import ValidationError
     with pytest.raises(ValidationError, match=key):
         PdfConfig(**{key: value})
+
+
+# ---- checkpoints: nothing outside their folder, every length checked ------------------------------
+
+def _sharded(tmp_path: Path) -> Path:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    step = tmp_path / "checkpoints" / "step-0000001"
+    dcp.save({"model": {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8)}},
+             checkpoint_id=str(step / "state"), no_dist=True)
+    return step
+
+
+def _rewrite_metadata(step: Path, change) -> None:
+    import pickle
+    meta_path = step / "state" / ".metadata"
+    meta = pickle.loads(meta_path.read_bytes())
+    for index, info in list(meta.storage_data.items()):
+        change(info)
+    meta_path.write_bytes(pickle.dumps(meta))
+
+
+def _load_one_line(step: Path) -> str:
+    from quipu.catalog.errors import UserError
+    from quipu.trainer.checkpoint import read_sharded_tensor, sharded_tensor_specs
+    with pytest.raises(UserError) as e:
+        for name, (shape, dtype) in sharded_tensor_specs(step).items():
+            read_sharded_tensor(step, name, shape, dtype)
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 400, message
+    return message
+
+
+def test_sharded_checkpoint_loads_and_its_metadata_cannot_point_outside_it(tmp_path):
+    import torch
+    from quipu.trainer.checkpoint import read_sharded_tensor, sharded_tensor_specs
+    step = _sharded(tmp_path)
+    (shape, dtype), = sharded_tensor_specs(step).values()
+    assert torch.equal(read_sharded_tensor(step, "w", shape, dtype), torch.arange(64, dtype=torch.float32).reshape(8, 8))
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"x" * 100_000)
+    _rewrite_metadata(step, lambda info: setattr(info, "relative_path", "../../../secret"))
+    assert "outside" in _load_one_line(step)
+    _rewrite_metadata(step, lambda info: setattr(info, "relative_path", "/dev/zero"))
+    assert "outside" in _load_one_line(step)
+    shard = next(p.name for p in (step / "state").iterdir() if p.suffix == ".distcp")
+    (step / "state" / "zero.distcp").symlink_to("/dev/zero")
+    _rewrite_metadata(step, lambda info: setattr(info, "relative_path", "zero.distcp"))
+    assert "zero.distcp" in _load_one_line(step)
+    _rewrite_metadata(step, lambda info: (setattr(info, "relative_path", shard), setattr(info, "length", 6 << 30)))
+    assert shard in _load_one_line(step) and "truncated" in _load_one_line(step)
+
+
+def test_truncated_shard_and_symlinked_step_folder_are_one_line_naming_them(tmp_path):
+    step = _sharded(tmp_path)
+    shard = next(p for p in (step / "state").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-100])
+    assert shard.name in _load_one_line(step)
+    elsewhere = _sharded(tmp_path / "other")
+    linked = tmp_path / "checkpoints" / "step-0000002"
+    linked.symlink_to(elsewhere)
+    assert "link" in _load_one_line(linked)
+
+
+def test_one_file_checkpoint_cut_short_is_one_line(tmp_path):
+    import torch
+    from quipu.trainer.checkpoint import DamagedCheckpoint, load_checkpoint
+    path = tmp_path / "step-0000001.pt"
+    torch.save({"model": {"w": torch.ones(256)}, "step": 1}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(DamagedCheckpoint, match="step-0000001.pt"):
+        load_checkpoint(path)
+    (tmp_path / "step-0000002.pt").symlink_to("/dev/zero")
+    with pytest.raises(DamagedCheckpoint, match="link"):
+        load_checkpoint(tmp_path / "step-0000002.pt")
+
+
+def test_shard_damaged_inside_is_one_line_naming_it(tmp_path):
+    step = _sharded(tmp_path)
+    shard = next(p for p in (step / "state").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    assert shard.name in _load_one_line(step)
