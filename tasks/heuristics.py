@@ -18,7 +18,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.tasks import gopher_counts, language_rules
-from quipu.tasks.per_language import PerLanguage, resolve
+from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -129,6 +129,8 @@ class HeuristicsConfig(StageConfig):
 
     @model_validator(mode="after")
     def _check_overrides(self):
+        for lang in [*self.per_language, *self.stop_words]:
+            check_language_code(lang)
         for lang, blocks in self.per_language.items():
             for name, values in blocks.items():
                 if name not in FILTERS:

@@ -248,3 +248,44 @@ def test_shard_damaged_inside_is_one_line_naming_it(tmp_path):
     shard = next(p for p in (step / "state").iterdir() if p.suffix == ".distcp")
     shard.write_bytes(b"\0" * shard.stat().st_size)
     assert shard.name in _load_one_line(step)
+
+
+# ---- values: finite, in range, known language codes, one line -----------------------------------
+
+def _curate_refusal(tmp_path: Path, *overrides: str) -> str:
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate_config import CurateConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(CurateConfig, ROOT / "configs" / "curate" / "demo.yaml", list(overrides))
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("override, key", [
+    ("heuristics.fineweb.line_punct_thr={default: 0.12, es: .inf}", "line_punct_thr.es"),
+    ("heuristics.fineweb.line_punct_thr=.nan", "line_punct_thr"),
+    ("langid.min_score={default: .inf}", "min_score.default"),
+    ("extract.pdf.page_timeout_s=1e300", "page_timeout_s"),
+    ("extract.timeout_s=.inf", "timeout_s"),
+])
+def test_non_finite_or_unbounded_numbers_are_refused_naming_the_key(tmp_path, override, key):
+    assert key in _curate_refusal(tmp_path, override)
+
+
+@pytest.mark.parametrize("code", ["ES", "xx", "spa"])
+def test_unknown_language_codes_are_refused_naming_the_key_and_the_known_codes(tmp_path, code):
+    for override, key in [(f"heuristics.fineweb.line_punct_thr={{default: 0.12, {code}: 0.2}}", "line_punct_thr"),
+                          (f"langid.languages=[es, {code}]", "langid.languages"),
+                          (f"heuristics.per_language={{{code}: {{c4: {{}}}}}}", "heuristics"),
+                          (f"langid.min_score_per_language={{{code}: 0.5}}", "min_score_per_language")]:
+        message = _curate_refusal(tmp_path, override)
+        assert key in message and repr(code) in message and "es, pt, en" in message, message
+
+
+def test_control_characters_in_set_are_one_line():
+    from quipu.flows.config import ConfigError, parse_override
+    for item in ["extract.min_chars=1\x01", "extract.min\nchars=1", "a=\x1b[31mred"]:
+        with pytest.raises(ConfigError) as e:
+            parse_override(item)
+        assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
