@@ -48,6 +48,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
             yield tmp_path
             with open(tmp_path, "rb+") as fh:
                 os.fsync(fh.fileno())
+                os.fchmod(fh.fileno(), default_mode())   # a writer that replaced the file (safetensors) made it 0600
             os.replace(tmp_path, final)
         except OSError as e:
             raise with_path(e, final) from e

@@ -289,3 +289,101 @@ def test_control_characters_in_set_are_one_line():
         with pytest.raises(ConfigError) as e:
             parse_override(item)
         assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+
+
+def test_a_model_of_another_kind_is_refused_for_a_stage(tmp_path):
+    """news.model pointed at the quality classifier (its sidecar says what it is) is one line."""
+    import json
+    from quipu.trainer.models import ModelNotFound, resolve_model
+    model = tmp_path / "quality.bin"
+    model.write_bytes(b"\xba\x16\x4f\x2f" + b"\0" * 60)
+    model.with_suffix(".json").write_text(json.dumps({"kind": "quality-fasttext", "positive_label": "hq"}))
+    with pytest.raises(ModelNotFound, match=r"news\.model: .* is a `quality-fasttext` model, not a `news-fasttext`"):
+        resolve_model("news-fasttext", str(model), "news.model", (".bin",))
+    assert resolve_model("quality-fasttext", str(model), "quality.model", (".bin",)) == str(model)
+
+
+# ---- model files: what the run uses is finite, and loading them is bounded ---------------------
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory) -> Path:
+    """A tiny fastText classifier trained here on the probe texts (0.3 s), dim 16, char n-grams."""
+    from quipu.trainer.classifier_train import FastTextParams, train_model
+    from quipu.trainer.model_files import PROBE
+    d = tmp_path_factory.mktemp("tiny-model")
+    rng = random.Random(0)
+    with open(d / "train.txt", "w") as f:
+        for _ in range(200):
+            f.write("__label__hq " + rng.choice(PROBE[:4]).lower() + "\n")
+            f.write("__label__lq " + rng.choice(PROBE[4:]).lower() + "\n")
+    train_model(str(d / "train.txt"), FastTextParams(dim=16, bucket=2000, epoch=5, lr=0.1, wordNgrams=1, minCount=1),
+                1, str(d / "q.bin"))
+    return d / "q.bin"
+
+
+def test_fasttext_model_with_nan_weights_is_refused_in_one_line(tmp_path, tiny_classifier):
+    import struct
+    from quipu.trainer.model_files import ModelFileError, check_fasttext, fasttext_problem
+    assert fasttext_problem(str(tiny_classifier)) is None
+    check_fasttext(str(tiny_classifier), "__label__hq")
+    data = bytearray(tiny_classifier.read_bytes())
+    output_bytes = 2 * 16 * 4 + 17         # 2 labels x dim 16, after its quant flag and shape
+    for at, what in [(len(data) - 4, "output"), (len(data) - output_bytes - 4, "input")]:
+        bad = bytearray(data)
+        bad[at:at + 4] = struct.pack("<f", float("nan"))
+        path = tmp_path / f"{what}.bin"
+        path.write_bytes(bytes(bad))
+        with pytest.raises(ModelFileError, match=f"{path}.*{what} matrix holds NaN"):
+            check_fasttext(str(path), "__label__hq")
+
+
+def test_fasttext_words_too_long_to_load_are_refused_before_loading(tmp_path, monkeypatch, tiny_classifier):
+    """The loader builds every word's character n-grams (minn..maxn): 60,000-character words cost
+    gigabytes however small the file. Here the tiny model's header asks for 1- to 1000-grams."""
+    import struct
+    from quipu.trainer import model_files
+    data = bytearray(tiny_classifier.read_bytes())
+    data[44:52] = struct.pack("<ii", 1, 1000)       # minn, maxn
+    path = tmp_path / "ngrams.bin"
+    path.write_bytes(bytes(data))
+    assert model_files.fasttext_problem(str(tiny_classifier)) is None
+    monkeypatch.setattr(model_files, "MAX_NGRAM_BYTES", 2_000)
+    assert "character n-grams" in model_files.fasttext_problem(str(path))
+
+
+def test_model_loading_child_has_a_memory_limit(tmp_path, monkeypatch, tiny_classifier):
+    from quipu.trainer import model_files
+    monkeypatch.setattr(model_files, "CHILD_MEMORY_BYTES", 64 << 20)   # too little for Python and fastText
+    path = tmp_path / "m.bin"
+    path.write_bytes(tiny_classifier.read_bytes())
+    with pytest.raises(model_files.ModelFileError) as e:
+        model_files.check_fasttext(str(path), "__label__hq")
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def _student(tmp_path: Path, label_mean: float = 3.0, poison: bool = False) -> Path:
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from quipu.trainer.wayra import WayraArch, WayraModel, WayraStudent
+    torch.manual_seed(0)
+    model = WayraModel(WayraArch(vocab_size=300, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16))
+    if poison:
+        with torch.no_grad():
+            next(model.parameters())[0, 0] = float("nan")
+    d = tmp_path / f"student-{label_mean}-{poison}"
+    WayraStudent(model, Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")), label_mean, 1.0).save(d)
+    return d
+
+
+def test_student_with_nan_label_mean_or_weights_is_refused_and_written_with_the_umask_mode(tmp_path):
+    from quipu.catalog.files import default_mode
+    from quipu.trainer.wayra import StudentError, WayraStudent
+    good = _student(tmp_path)
+    WayraStudent.load(good)
+    assert all((p.stat().st_mode & 0o777) == default_mode() for p in good.iterdir()), \
+        {p.name: oct(p.stat().st_mode & 0o777) for p in good.iterdir()}
+    with pytest.raises(StudentError, match="label_mean"):
+        WayraStudent.load(_student(tmp_path, label_mean=float("nan")))
+    with pytest.raises(StudentError, match="NaN or infinite weights"):
+        WayraStudent.load(_student(tmp_path, poison=True))
