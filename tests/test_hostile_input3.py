@@ -15,6 +15,7 @@ import pytest
 
 from quipu.tasks import pdf
 from quipu.tasks.pdf import PdfConfig
+from tests.test_hostile_input import small_quality_model  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -305,28 +306,12 @@ def test_a_model_of_another_kind_is_refused_for_a_stage(tmp_path):
 
 # ---- model files: what the run uses is finite, and loading them is bounded ---------------------
 
-@pytest.fixture(scope="module")
-def tiny_classifier(tmp_path_factory) -> Path:
-    """A tiny fastText classifier trained here on the probe texts (0.3 s), dim 16, char n-grams."""
-    from quipu.trainer.classifier_train import FastTextParams, train_model
-    from quipu.trainer.model_files import PROBE
-    d = tmp_path_factory.mktemp("tiny-model")
-    rng = random.Random(0)
-    with open(d / "train.txt", "w") as f:
-        for _ in range(200):
-            f.write("__label__hq " + rng.choice(PROBE[:4]).lower() + "\n")
-            f.write("__label__lq " + rng.choice(PROBE[4:]).lower() + "\n")
-    train_model(str(d / "train.txt"), FastTextParams(dim=16, bucket=2000, epoch=5, lr=0.1, wordNgrams=1, minCount=1),
-                1, str(d / "q.bin"))
-    return d / "q.bin"
-
-
-def test_fasttext_model_with_nan_weights_is_refused_in_one_line(tmp_path, tiny_classifier):
+def test_fasttext_model_with_nan_weights_is_refused_in_one_line(tmp_path, small_quality_model):
     import struct
     from quipu.trainer.model_files import ModelFileError, check_fasttext, fasttext_problem
-    assert fasttext_problem(str(tiny_classifier)) is None
-    check_fasttext(str(tiny_classifier), "__label__hq")
-    data = bytearray(tiny_classifier.read_bytes())
+    assert fasttext_problem(str(small_quality_model)) is None
+    check_fasttext(str(small_quality_model), "__label__hq")
+    data = bytearray(small_quality_model.read_bytes())
     output_bytes = 2 * 16 * 4 + 17         # 2 labels x dim 16, after its quant flag and shape
     for at, what in [(len(data) - 4, "output"), (len(data) - output_bytes - 4, "input")]:
         bad = bytearray(data)
@@ -337,25 +322,25 @@ def test_fasttext_model_with_nan_weights_is_refused_in_one_line(tmp_path, tiny_c
             check_fasttext(str(path), "__label__hq")
 
 
-def test_fasttext_words_too_long_to_load_are_refused_before_loading(tmp_path, monkeypatch, tiny_classifier):
+def test_fasttext_words_too_long_to_load_are_refused_before_loading(tmp_path, monkeypatch, small_quality_model):
     """The loader builds every word's character n-grams (minn..maxn): 60,000-character words cost
     gigabytes however small the file. Here the tiny model's header asks for 1- to 1000-grams."""
     import struct
     from quipu.trainer import model_files
-    data = bytearray(tiny_classifier.read_bytes())
+    data = bytearray(small_quality_model.read_bytes())
     data[44:52] = struct.pack("<ii", 1, 1000)       # minn, maxn
     path = tmp_path / "ngrams.bin"
     path.write_bytes(bytes(data))
-    assert model_files.fasttext_problem(str(tiny_classifier)) is None
+    assert model_files.fasttext_problem(str(small_quality_model)) is None
     monkeypatch.setattr(model_files, "MAX_NGRAM_BYTES", 2_000)
     assert "character n-grams" in model_files.fasttext_problem(str(path))
 
 
-def test_model_loading_child_has_a_memory_limit(tmp_path, monkeypatch, tiny_classifier):
+def test_model_loading_child_has_a_memory_limit(tmp_path, monkeypatch, small_quality_model):
     from quipu.trainer import model_files
     monkeypatch.setattr(model_files, "CHILD_MEMORY_BYTES", 64 << 20)   # too little for Python and fastText
     path = tmp_path / "m.bin"
-    path.write_bytes(tiny_classifier.read_bytes())
+    path.write_bytes(small_quality_model.read_bytes())
     with pytest.raises(model_files.ModelFileError) as e:
         model_files.check_fasttext(str(path), "__label__hq")
     assert str(path) in str(e.value) and "\n" not in str(e.value)
