@@ -372,3 +372,13 @@ def test_student_with_nan_label_mean_or_weights_is_refused_and_written_with_the_
         WayraStudent.load(_student(tmp_path, label_mean=float("nan")))
     with pytest.raises(StudentError, match="NaN or infinite weights"):
         WayraStudent.load(_student(tmp_path, poison=True))
+
+
+def test_calibrate_escapes_what_it_writes_so_a_file_name_cannot_inject_keys():
+    import yaml
+    from quipu.flows.calibrate import config_yaml
+    name = "ref\nlangid:\n  languages: [xx]\u2028enabled: false\x85c: 1.jsonl"
+    text = config_yaml({"heuristics": {"c4": {"enabled": True}}}, {("heuristics", "c4", "enabled"): f"from {name}"},
+                       [f"calibrated en: 80 reference documents from {name}"])
+    assert yaml.safe_load(text) == {"heuristics": {"c4": {"enabled": True}}}
+    assert "\\n" in text and "\\u2028" in text
