@@ -7,6 +7,7 @@ which `remove_stale_temporaries` clears on the next run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -64,7 +65,26 @@ def with_path(e: OSError, path: str | os.PathLike) -> OSError:
         return e
     m = re.search(r"\[errno (\d+)\]", str(e))
     code = e.errno if e.errno is not None else int(m.group(1)) if m else None
+    if code is None:
+        code = _short_write_errno(e, path)
     return OSError(code, os.strerror(code), str(path)) if code is not None else e
+
+
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")   # numpy's tofile/np.save: no errno
+
+
+def _short_write_errno(e: OSError, path: str | os.PathLike) -> int | None:
+    """The errno of a short write that lost it: ENOSPC when the file's filesystem has no room left
+    for what was requested (at 8 bytes an item), else EIO; None when `e` is no short write."""
+    m = _SHORT_WRITE.search(str(e))
+    if m is None:
+        return None
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+        full = st.f_bavail * st.f_frsize < 8 * (int(m.group(1)) - int(m.group(2)))
+    except OSError:
+        full = True
+    return errno.ENOSPC if full else errno.EIO
 
 
 def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> None:

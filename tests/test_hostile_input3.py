@@ -382,3 +382,39 @@ def test_calibrate_escapes_what_it_writes_so_a_file_name_cannot_inject_keys():
                        [f"calibrated en: 80 reference documents from {name}"])
     assert yaml.safe_load(text) == {"heuristics": {"c4": {"enabled": True}}}
     assert "\\n" in text and "\\u2028" in text
+
+
+# ---- disk full: one line naming the path and "no space left" -----------------------------------
+
+def test_a_short_write_without_errno_reads_as_no_space_left_naming_the_file(tmp_path, monkeypatch):
+    """numpy's writers on a full disk raise `OSError: 45440 requested and 992 written`: no errno,
+    no path. It is told as what it is, naming the file."""
+    import errno
+    from quipu.catalog.files import with_path
+    full = os.statvfs_result((4096, 4096, 100, 0, 0, 10, 0, 0, 0, 255))
+    monkeypatch.setattr(os, "statvfs", lambda p: full)
+    got = with_path(OSError("45440 requested and 992 written"), tmp_path / "seg-1-0-sig.npy")
+    assert (got.errno, got.filename) == (errno.ENOSPC, str(tmp_path / "seg-1-0-sig.npy"))
+    assert "No space left" in got.strerror
+
+
+@pytest.fixture()
+def tiny_disk(tmp_path):
+    where = tmp_path / "disk"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_dedup_index_on_a_full_disk_is_one_line_naming_the_file(tiny_disk):
+    import numpy as np
+    from quipu.tasks.dedup_index import FileStore
+    store = FileStore(tiny_disk / "index")
+    with pytest.raises(OSError) as e:
+        store.put_array("seg-1-0-sig.npy", np.arange(100_000, dtype=np.uint32))
+    assert e.value.filename == str(tiny_disk / "index" / "seg-1-0-sig.npy") and "No space left" in e.value.strerror
+    assert not [p for p in (tiny_disk / "index").iterdir() if p.name != ".lock"]     # no half-written file left
