@@ -418,3 +418,38 @@ def test_dedup_index_on_a_full_disk_is_one_line_naming_the_file(tiny_disk):
         store.put_array("seg-1-0-sig.npy", np.arange(100_000, dtype=np.uint32))
     assert e.value.filename == str(tiny_disk / "index" / "seg-1-0-sig.npy") and "No space left" in e.value.strerror
     assert not [p for p in (tiny_disk / "index").iterdir() if p.name != ".lock"]     # no half-written file left
+
+
+# ---- tiny files that would cost gigabytes -------------------------------------------------------
+
+BOMB_READ = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from quipu.tasks import readers
+from quipu.tasks.records import ReadStats
+rows = readers.read(sys.argv[1], ReadStats(), readers.ReadLimits(max_record_bytes=1 << 20))
+got = [(type(r).__name__, getattr(r, "reject", None), len(getattr(r, "text", "") or "")) for r in rows]
+print(len(got), sorted(set(got)), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+"""
+
+
+@pytest.mark.parametrize("column", ["text", "url"])
+def test_parquet_rows_sharing_one_huge_dictionary_entry_cost_it_once(tmp_path, column):
+    """A few-KB parquet file whose 200 rows share one 24 MB dictionary string (in the text, or in
+    another column) decodes to ~5 GB when each row is made its own copy: read under a 1.5 GiB
+    address-space limit, every row comes back (too large, or kept) and the peak stays small."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = 200
+    bomb = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * (24 << 20)]))
+    table = {"text": bomb if column == "text" else pa.array(["ok"] * rows),
+             "url": bomb if column == "url" else pa.array(["u"] * rows)}
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table(table), path, compression="zstd")
+    assert path.stat().st_size < 100_000
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}   # mimalloc reserves address space unevenly
+    p = subprocess.run([sys.executable, "-c", BOMB_READ, str(path)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-1500:]
+    n, kinds, peak_mib = p.stdout.split(" ", 1)[0], p.stdout.split(" ", 1)[1].rsplit(" ", 1)[0], int(p.stdout.rsplit(" ", 1)[1])
+    assert int(n) == rows and peak_mib < 1024, p.stdout
+    assert ("too_large" in kinds) == (column == "text"), kinds
