@@ -125,7 +125,10 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20, start: int = 0, e
 
 def sha256_json(obj: Any) -> str:
     """Hash of a JSON-serialisable object with sorted keys: the config and fingerprint hash."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+    h = hashlib.sha256()
+    for chunk in json.JSONEncoder(sort_keys=True, default=str).iterencode(obj):   # never one huge string
+        h.update(chunk.encode())
+    return h.hexdigest()
 
 
 def remove_stale_temporaries(root: str | os.PathLike, recursive: bool = True) -> int:

@@ -29,6 +29,7 @@ class ConfigError(UserError, ValueError):
 
 
 MAX_YAML_VALUES = 100_000   # values a config may expand to, aliases counted at every use
+CHARS_PER_VALUE = 64        # a scalar counts one value per this many characters: 6.4 MB of text at most
 
 
 def load_yaml(text: str, source: str = "config") -> Any:
@@ -41,8 +42,9 @@ def load_yaml(text: str, source: str = "config") -> Any:
             return None
         n = _expanded_size(node, {}, MAX_YAML_VALUES)
         if n > MAX_YAML_VALUES:
-            raise ConfigError(f"{source}: its YAML aliases expand to more than {MAX_YAML_VALUES:,} values "
-                              "(an alias bomb?): write the values out, or use fewer aliases")
+            raise ConfigError(f"{source}: it expands to more than {MAX_YAML_VALUES:,} values or "
+                              f"{MAX_YAML_VALUES * CHARS_PER_VALUE // 1_000_000} MB of text, aliases counted at "
+                              "every use (an alias bomb?): write the values out, or use fewer aliases")
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -60,7 +62,7 @@ def _expanded_size(node, memo: dict, limit: int) -> int:
         children = [n for pair in node.value for n in pair]
     else:
         children = []
-    total = 1
+    total = 1 + (len(node.value) // CHARS_PER_VALUE if isinstance(node, yaml.ScalarNode) else 0)
     for child in children:
         total += _expanded_size(child, memo, limit)
         if total > limit:

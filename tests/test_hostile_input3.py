@@ -453,3 +453,16 @@ def test_parquet_rows_sharing_one_huge_dictionary_entry_cost_it_once(tmp_path, c
     n, kinds, peak_mib = p.stdout.split(" ", 1)[0], p.stdout.split(" ", 1)[1].rsplit(" ", 1)[0], int(p.stdout.rsplit(" ", 1)[1])
     assert int(n) == rows and peak_mib < 1024, p.stdout
     assert ("too_large" in kinds) == (column == "text"), kinds
+
+
+def test_one_long_string_aliased_many_times_is_refused_before_it_expands(tmp_path):
+    """A 1 MB config whose one 1 MiB string is aliased 300 times would be 300 MB to validate and to
+    hash as the run's identity: refused in one line, as the alias bomb of many small values is."""
+    from quipu.flows.config import ConfigError, load_config
+    from quipu.flows.curate_config import CurateConfig
+    path = tmp_path / "bomb.yaml"
+    path.write_text(f"dedup:\n  _x: &big '{'a' * (1 << 20)}'\nbench_notes: [{', '.join(['*big'] * 300)}]\n")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="MB of text") as e:
+        load_config(CurateConfig, path)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 10
