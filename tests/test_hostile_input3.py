@@ -269,6 +269,8 @@ def _curate_refusal(tmp_path: Path, *overrides: str) -> str:
     ("langid.min_score={default: .inf}", "min_score.default"),
     ("extract.pdf.page_timeout_s=1e300", "page_timeout_s"),
     ("extract.timeout_s=.inf", "timeout_s"),
+    ("heuristics.fineweb.short_line_thr={default: 0.67, es: 1.5}", "short_line_thr"),
+    ("heuristics.gopher_quality.min_doc_words={default: 50, pt: -3}", "min_doc_words"),
 ])
 def test_non_finite_or_unbounded_numbers_are_refused_naming_the_key(tmp_path, override, key):
     assert key in _curate_refusal(tmp_path, override)
