@@ -113,6 +113,34 @@ def test_pdf_child_ignores_ctrl_c_and_dies_with_its_parent_even_on_sigkill():
         proc.kill()
 
 
+STARTS = """
+from quipu.tasks import pdf
+for i in range(2):
+    w = pdf._worker(512)
+    w.start()
+    print('started', flush=True)
+    w.stop()
+"""
+
+
+def test_ctrl_c_while_a_pdf_child_starts_is_no_traceback():
+    """Ctrl-C reaches children still importing (the window where a run's Ctrl-C printed a child's
+    traceback): SIGINT is blocked from the fork on, then ignored."""
+    proc = subprocess.Popen([sys.executable, "-c", STARTS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hits = 0
+    while proc.poll() is None:
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    os.kill(int(d), signal.SIGINT)
+                    hits += 1
+            except (OSError, IndexError, ValueError):
+                pass
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    assert hits and out.count("started") == 2 and "Traceback" not in err, err[-2000:]
+
+
 def test_long_pdf_changed_between_planning_and_joining_is_quarantined(tmp_path):
     """A long PDF read in ranges and replaced before its join is quarantined with the reason; the
     other inputs of the run are extracted and the accounts add up."""
