@@ -42,9 +42,9 @@ def load_yaml(text: str, source: str = "config") -> Any:
             return None
         n = _expanded_size(node, {}, MAX_YAML_VALUES)
         if n > MAX_YAML_VALUES:
-            raise ConfigError(f"{source}: it expands to more than {MAX_YAML_VALUES:,} values or "
-                              f"{MAX_YAML_VALUES * CHARS_PER_VALUE // 1_000_000} MB of text, aliases counted at "
-                              "every use (an alias bomb?): write the values out, or use fewer aliases")
+            raise ConfigError(f"{source}: its YAML aliases expand to more than {MAX_YAML_VALUES:,} values "
+                              f"(or {MAX_YAML_VALUES * CHARS_PER_VALUE // 1_000_000} MB of text; an alias bomb?): "
+                              "write the values out, or use fewer aliases")
         return loader.construct_document(node)
     finally:
         loader.dispose()
