@@ -7,6 +7,7 @@ which `remove_stale_temporaries` clears on the next run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
             yield tmp_path
             with open(tmp_path, "rb+") as fh:
                 os.fsync(fh.fileno())
+                os.fchmod(fh.fileno(), default_mode())   # a writer that replaced the file (safetensors) made it 0600
             os.replace(tmp_path, final)
         except OSError as e:
             raise with_path(e, final) from e
@@ -63,7 +65,26 @@ def with_path(e: OSError, path: str | os.PathLike) -> OSError:
         return e
     m = re.search(r"\[errno (\d+)\]", str(e))
     code = e.errno if e.errno is not None else int(m.group(1)) if m else None
+    if code is None:
+        code = _short_write_errno(e, path)
     return OSError(code, os.strerror(code), str(path)) if code is not None else e
+
+
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")   # numpy's tofile/np.save: no errno
+
+
+def _short_write_errno(e: OSError, path: str | os.PathLike) -> int | None:
+    """The errno of a short write that lost it: ENOSPC when the file's filesystem has no room left
+    for what was requested (at 8 bytes an item), else EIO; None when `e` is no short write."""
+    m = _SHORT_WRITE.search(str(e))
+    if m is None:
+        return None
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+        full = st.f_bavail * st.f_frsize < 8 * (int(m.group(1)) - int(m.group(2)))
+    except OSError:
+        full = True
+    return errno.ENOSPC if full else errno.EIO
 
 
 def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> None:
@@ -104,7 +125,10 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20, start: int = 0, e
 
 def sha256_json(obj: Any) -> str:
     """Hash of a JSON-serialisable object with sorted keys: the config and fingerprint hash."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+    h = hashlib.sha256()
+    for chunk in json.JSONEncoder(sort_keys=True, default=str).iterencode(obj):   # never one huge string
+        h.update(chunk.encode())
+    return h.hexdigest()
 
 
 def remove_stale_temporaries(root: str | os.PathLike, recursive: bool = True) -> int:

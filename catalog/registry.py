@@ -276,6 +276,14 @@ def list_models(kind: str | None = None) -> list[dict]:
         return [dict(r) for r in conn.execute(q).mappings()]
 
 
+def model_kinds_at(path: str | Path) -> set[str]:
+    """The kinds the catalog registered models at `path` as (empty: a model it never registered)."""
+    p = Path(path).resolve()
+    with db.engine().connect() as conn:
+        rows = conn.execute(sa.select(db.models.c.kind).where(db.models.c.path.in_([str(path), str(p)]))).all()
+    return {r.kind for r in rows}
+
+
 def get_model(name_or_id: str | None, kind: str) -> dict | None:
     """A model of `kind` by id or name; the newest of that kind when `name_or_id` is None."""
     q = sa.select(db.models).where(db.models.c.kind == kind)

@@ -70,12 +70,22 @@ def read_comments(path: str) -> dict[tuple, str]:
     return out
 
 
+def _canonical(data) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def one_line(text: str) -> str:
+    """`text` safe inside a YAML comment: every character YAML could end a line at (newlines, \x85,
+    U+2028) or a terminal would act on, escaped; a file name cannot inject keys."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
 def config_yaml(data: dict, comments: dict[tuple, str], header: list[str], path: tuple = ()) -> str:
-    lines = [f"# {h}" for h in header] if not path else []
+    lines = [f"# {one_line(h)}" for h in header] if not path else []
     indent = "  " * len(path)
     for key, value in data.items():
         here = path + (key,)
-        note = f"   # {comments[here]}" if here in comments else ""
+        note = f"   # {one_line(comments[here])}" if here in comments else ""
         if isinstance(value, dict) and value:
             lines.append(f"{indent}{_flow(key)}:{note}")
             lines.append(config_yaml(value, comments, header, here))
@@ -186,7 +196,10 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
                             f"{', '.join(Path(r).name for r in reference)}"]
         written = str(output)
         Path(written).parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(Path(written), (config_yaml(new_raw, comments, header) + "\n").encode())
+        text = config_yaml(new_raw, comments, header) + "\n"
+        if _canonical(yaml.safe_load(text)) != _canonical(new_raw):    # reads back as exactly what was calibrated
+            raise CalibrateError(f"{written}: the calibrated config does not read back as written; not written")
+        write_bytes_atomic(Path(written), text.encode())
     evaluation = cal.evaluate(ref, junk_m, heur, config.langid)
     report = {"config": written or config_path, "mode": "check" if check else "calibrate", "keep": keep,
               "reference": reference, "junk": junk or [], "languages": {lang: evaluation}}

@@ -14,6 +14,7 @@ import os
 import sys
 
 from quipu.catalog.errors import UserError, printable
+from quipu.catalog.files import with_path
 from quipu.demo import run as demo
 from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, lifecycle, ops, ppl_cli, quality_cli, train_cli
 from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
+        if e.errno is None:     # numpy's short write on a full disk carries no errno and no path
+            e = with_path(e, written_path(e))
         if e.errno in WRITE_ERRNOS:  # disk full, read-only or forbidden output: say where, no traceback
             print(f"quipu: cannot write {printable(str(e.filename or written_path(e)))}: {e.strerror}; "
                   "earlier outputs are left as they were", file=sys.stderr)

@@ -9,6 +9,7 @@ import copy
 import difflib
 import importlib
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -28,6 +29,7 @@ class ConfigError(UserError, ValueError):
 
 
 MAX_YAML_VALUES = 100_000   # values a config may expand to, aliases counted at every use
+CHARS_PER_VALUE = 64        # a scalar counts one value per this many characters: 6.4 MB of text at most
 
 
 def load_yaml(text: str, source: str = "config") -> Any:
@@ -41,7 +43,8 @@ def load_yaml(text: str, source: str = "config") -> Any:
         n = _expanded_size(node, {}, MAX_YAML_VALUES)
         if n > MAX_YAML_VALUES:
             raise ConfigError(f"{source}: its YAML aliases expand to more than {MAX_YAML_VALUES:,} values "
-                              "(an alias bomb?): write the values out, or use fewer aliases")
+                              f"(or {MAX_YAML_VALUES * CHARS_PER_VALUE // 1_000_000} MB of text; an alias bomb?): "
+                              "write the values out, or use fewer aliases")
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -59,7 +62,7 @@ def _expanded_size(node, memo: dict, limit: int) -> int:
         children = [n for pair in node.value for n in pair]
     else:
         children = []
-    total = 1
+    total = 1 + (len(node.value) // CHARS_PER_VALUE if isinstance(node, yaml.ScalarNode) else 0)
     for child in children:
         total += _expanded_size(child, memo, limit)
         if total > limit:
@@ -82,11 +85,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: empty key")
+        raise ConfigError(f"--set {short_repr(item)}: empty key")
+    if not key.isprintable():
+        raise ConfigError(f"--set {short_repr(key)}: a key with a control character")
     try:
         value = load_yaml(raw, f"--set {key}") if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({e.problem})") from None
+    except yaml.YAMLError as e:    # a control character is a ReaderError: no `problem`
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"--set {key!r}: value {short_repr(raw)} is not valid YAML ({why})") from None
     return key.split("."), value
 
 
@@ -153,10 +159,23 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
     if path is not None:
         raw = read_yaml(path)
     raw = apply_overrides(raw, overrides or [])
+    source = str(path) if path else "config"
+    refuse_non_finite(raw, source)
     try:
         return model.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, str(path) if path else "config", model)) from None
+
+
+def refuse_non_finite(value: Any, source: str, key: str = "") -> None:
+    """No number in a config is infinite or NaN (YAML's .inf, .nan): every bound, threshold and
+    time limit is a finite number; `off` or null switches a rule off."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{source}: {key or '(top level)'}: expected a finite number (got {value}); "
+                          "to switch a rule off write `off`")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        refuse_non_finite(v, source, f"{key}.{k}" if key else str(k))
 
 
 def add_config_args(p: argparse.ArgumentParser, config_required: bool = True) -> None:

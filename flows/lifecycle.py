@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from quipu.catalog.processes import owner_alive, process_owner, process_start
+from quipu.tasks import child_worker
 
 GRACE_S = 5.0              # first signal → the process has ended within this (the issue asks < 10 s)
 SERVER_MODULE = "prefect.server.api.server"
@@ -130,6 +131,7 @@ def _note(signum: int) -> bool:
         if _received:
             return False
         _received.append(signum)
+    child_worker.refuse_new_children()
     name = signal.Signals(signum).name
     with contextlib.suppress(Exception):
         os.write(2, f"\nquipu: {name}: stopping (finished shards are kept); "

@@ -52,7 +52,7 @@ class WatchConfig(BaseModel):
     max_files: int = Field(1000, ge=1, description="most files announced per event; the rest wait for the next look")
     output_root: str = Field("runs/incremental", description="each incremental curate run writes to OUTPUT_ROOT/inc-<time>-<hash>")
     dataset: str = Field("crawl", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the curated dataset the new files go into: each curate run adds a version (and dedups against the earlier ones)")
-    retry_after_s: float = Field(3600, gt=0, description="announced files with no curate run this long after the event are announced again")
+    retry_after_s: float = Field(3600, gt=0, le=30 * 86400, description="announced files with no curate run this long after the event are announced again")
     max_attempts: int = Field(3, ge=1, description="files whose curate runs failed this many times wait (logged) until they change")
     curate_config: str = Field("configs/curate/default.yaml", description="curate config used by `quipu watch --once`")
 

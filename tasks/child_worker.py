@@ -4,14 +4,30 @@ PDF reader (pdfium, Tesseract) use it: the parent waits for each answer with a t
 kills and restarts the child after a timeout or a crash.
 
 `target(conn, *args)` runs in a spawned child: it sends ("ready", None) once it has imported what it
-needs (start-up never counts against a document's limit), then answers messages on `conn`."""
+needs (start-up never counts against a document's limit), then answers messages on `conn`.
+
+A child never outlives the process that started it, however that one ends: it is killed by the
+kernel when its parent thread exits (PR_SET_PDEATHSIG, Linux), and a thread of its own ends it when
+its parent pid changes (any platform, SIGKILL of the parent included). It ignores SIGINT: Ctrl-C
+reaches the whole process group, and the parent, not each child, decides what an interrupt ends
+(no traceback from a child); what it runs (Tesseract) inherits both."""
 from __future__ import annotations
 
 import atexit
+import ctypes
+import importlib.machinery
 import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing import resource_tracker
 from typing import Any, Callable
 
 WORKER_START_TIMEOUT_S = 300
+PARENT_POLL_S = 0.2
+PR_SET_PDEATHSIG = 1
 TIMEOUT = ("timeout", None)
 DIED = ("died", None)
 
@@ -29,10 +45,25 @@ class ChildWorker:
         return self.proc is not None and self.proc.is_alive()
 
     def start(self) -> None:
+        if _ending.is_set():     # a child started now would outlive the run while it imports
+            raise RuntimeError(f"not starting the {self.what} process: this run is ending")
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=self.target, args=(child, *self.args), daemon=True)
-        self.proc.start()
+        self.proc = ctx.Process(target=_child_main, args=(self.target, os.getpid(), child, *self.args), daemon=True)
+        # SIGINT blocked from the fork on (the mask survives exec): Ctrl-C while the child imports is
+        # no traceback; `_child_main` then ignores it
+        resource_tracker.ensure_running()    # its own start unblocks SIGINT in this thread: before ours
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        # the child imports what its target needs, not the parent's main script again (`quipu`: the
+        # whole CLI, seconds in which the child is not yet tied to its parent)
+        main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+        try:
+            self.proc.start()
+        finally:
+            main.__spec__ = spec
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         self.conn = parent
         # Starting Python and importing the parser takes seconds, more on a loaded machine: wait for
@@ -67,6 +98,39 @@ class ChildWorker:
         except (EOFError, OSError):  # the child died (segfault, out of memory)
             self.stop()
             return DIED
+
+
+_ending = threading.Event()
+
+
+def refuse_new_children() -> None:
+    """The run is ending (a signal arrived): no worker starts a child from now on."""
+    _ending.set()
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the thread that started it exits (Linux; a no-op
+    elsewhere). Also usable as a subprocess `preexec_fn`."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _child_main(target: Callable, parent: int, conn, *args) -> None:   # runs in the child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending one is dropped: ignored
+    die_with_parent()
+    if os.getppid() != parent:      # the parent died before the death signal was set
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="quipu-parent-watch", daemon=True).start()
+    target(conn, *args)
 
 
 @atexit.register

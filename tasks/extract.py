@@ -46,7 +46,7 @@ TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:
 
 class ExtractConfig(StageConfig):
     batch_rows: int = Field(500, gt=0, description="documents per batch written (HTML pages are large)")
-    timeout_s: float = Field(10.0, gt=0, description="per-document HTML extraction time limit")
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="per-document HTML extraction time limit")
     max_html_bytes: int = Field(5_000_000, gt=0, description="larger HTML payloads are removed unparsed")
     max_doc_bytes: int = Field(5_000_000, gt=0, description="larger documents are removed (extract:too_large)")
     min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
@@ -56,7 +56,7 @@ class ExtractConfig(StageConfig):
     max_record_bytes: int = Field(50_000_000, gt=0, description="a JSONL line or WARC payload larger than this is never held in memory: removed as extract:too_large / extract:payload_too_large with its first bytes and its size (`text_bytes`)")
     max_header_bytes: int = Field(1 << 20, gt=0, description="a WARC/ARC/HTTP header line longer than this makes its record unreadable (quarantined; reading resumes at the next record)")
     max_expansion: float = Field(200.0, gt=1, description="decompression stops (one quarantined record) once a .gz/.zst file expands to more than this many times its size (and more than 256 MB): a decompression bomb")
-    max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
+    max_file_seconds: float = Field(3600.0, gt=0, le=7 * 86400, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
     pdf: PdfConfig = Field(default_factory=PdfConfig, description="PDF files and WARC/ARC PDF responses: text layer, OCR, limits (tasks/pdf.py)")
     fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
     include_comments: bool = False
@@ -317,7 +317,11 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
                     continue
-                text, reason = decide(item, cfg, pdf_stats, lost := [], pdf_read)
+                try:
+                    text, reason = decide(item, cfg, pdf_stats, lost := [], pdf_read)
+                except pdf_ranges.FileChanged as e:     # a long PDF replaced while read: not this run's to join
+                    quarantine_rows.append({"source": item.source, "record": item.offset, "id": item.id, "reason": str(e), "snippet": ""})
+                    continue
                 if reason is None and cfg.fix_unicode:
                     text, repair = text_repair.repair_unicode(text)
                     if repair:
@@ -376,7 +380,7 @@ def run_extract(units: list[list[Input]], run: RunContext, cfg: ExtractConfig, m
         got = [next(done) for _ in p]
         if len(p) > 1:      # the PDF's one document, from its ranges' pages (the join is cheap: layout only)
             joined = extract_unit(unit, run.run_dir, cfg, run.removed_schema,
-                                  lambda _source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg))
+                                  lambda source, pdf_cfg, parts=got: pdf_ranges.join_ranges(parts, pdf_cfg, source))
             got = [joined.model_copy(update={"seconds": joined.seconds + sum(part.seconds for part in got)})]
             progress.shard_done(got[0])
         results.extend(got)

@@ -18,7 +18,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.tasks import gopher_counts, language_rules
-from quipu.tasks.per_language import PerLanguage, resolve
+from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -55,24 +55,24 @@ NGramLimits = list[tuple[int, float]]
 
 class GopherRepetitionConfig(_FilterConfig):
     OFF: ClassVar[dict[str, Any]] = {"enabled": False, "top_n_grams": [], "dup_n_grams": []}
-    dup_line_frac: PerLanguage(float) = 0.3
-    dup_para_frac: PerLanguage(float) = 0.3
-    dup_line_char_frac: PerLanguage(float) = 0.2
-    dup_para_char_frac: PerLanguage(float) = 0.2
+    dup_line_frac: PerLanguage(float, ge=0, le=1) = 0.3
+    dup_para_frac: PerLanguage(float, ge=0, le=1) = 0.3
+    dup_line_char_frac: PerLanguage(float, ge=0, le=1) = 0.2
+    dup_para_char_frac: PerLanguage(float, ge=0, le=1) = 0.2
     top_n_grams: PerLanguage(NGramLimits) = [(2, 0.2), (3, 0.18), (4, 0.16)]
     dup_n_grams: PerLanguage(NGramLimits) = [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)]
 
 
 class GopherQualityConfig(_FilterConfig):
-    min_doc_words: PerLanguage(int) = 50
-    max_doc_words: PerLanguage(int) = 100_000
-    min_avg_word_length: PerLanguage(float) = 3.0
-    max_avg_word_length: PerLanguage(float) = 10.0
-    max_symbol_word_ratio: PerLanguage(float) = 0.1
-    max_bullet_lines_ratio: PerLanguage(float) = 0.9
-    max_ellipsis_lines_ratio: PerLanguage(float) = 0.3
-    max_non_alpha_words_ratio: PerLanguage(float) = Field(0.8, description="really a minimum: the share of words holding a letter (datatrove's name)")
-    min_stop_words: PerLanguage(int) = 2
+    min_doc_words: PerLanguage(int, ge=0) = 50
+    max_doc_words: PerLanguage(int, ge=0) = 100_000
+    min_avg_word_length: PerLanguage(float, ge=0) = 3.0
+    max_avg_word_length: PerLanguage(float, ge=0) = 10.0
+    max_symbol_word_ratio: PerLanguage(float, ge=0) = 0.1
+    max_bullet_lines_ratio: PerLanguage(float, ge=0, le=1) = 0.9
+    max_ellipsis_lines_ratio: PerLanguage(float, ge=0, le=1) = 0.3
+    max_non_alpha_words_ratio: PerLanguage(float, ge=0, le=1) = Field(0.8, description="really a minimum: the share of words holding a letter (datatrove's name)")
+    min_stop_words: PerLanguage(int, ge=0) = 2
     stop_words: list[str] | None = Field(None, description="default: the document language's list in heuristics.stop_words")
 
 
@@ -99,10 +99,10 @@ class FineWebConfig(_FilterConfig):
                                      "new_line_ratio": float("inf")}
     line_punct_thr: PerLanguage(float) = 0.12
     line_punct_exclude_zero: PerLanguage(bool) = False
-    short_line_thr: PerLanguage(float) = 0.67
-    short_line_length: PerLanguage(int) = 30
-    char_duplicates_ratio: PerLanguage(float) = 0.01
-    new_line_ratio: PerLanguage(float) = 0.3
+    short_line_thr: PerLanguage(float, ge=0, le=1) = 0.67
+    short_line_length: PerLanguage(int, ge=0) = 30
+    char_duplicates_ratio: PerLanguage(float, ge=0, le=1) = 0.01
+    new_line_ratio: PerLanguage(float, ge=0) = 0.3
 
 
 FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
@@ -129,6 +129,8 @@ class HeuristicsConfig(StageConfig):
 
     @model_validator(mode="after")
     def _check_overrides(self):
+        for lang in [*self.per_language, *self.stop_words]:
+            check_language_code(lang)
         for lang, blocks in self.per_language.items():
             for name, values in blocks.items():
                 if name not in FILTERS:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from quipu.tasks.per_language import PerLanguage, resolve
+from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
@@ -43,9 +43,15 @@ class LangIdConfig(StageConfig):
     @field_validator("languages")
     @classmethod
     def _codes(cls, v: list[str]) -> list[str]:
-        for code in v:
-            if not code.isalpha() or not 2 <= len(code) <= 3:
-                raise ValueError(f"'{code}' is not a language code like 'en'")
+        return [check_language_code(code) for code in v]
+
+    @field_validator("min_score_per_language")
+    @classmethod
+    def _scores(cls, v: dict[str, float]) -> dict[str, float]:
+        for code, score in v.items():
+            check_language_code(code)
+            if not 0 <= score <= 1:
+                raise ValueError(f"the score for '{code}' must be in [0, 1], got {score}")
         return v
 
 

@@ -43,7 +43,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.tasks.child_worker import ChildWorker
+from quipu.tasks.child_worker import ChildWorker, die_with_parent
 from quipu.tasks.pdf_layout import Line, Page, document_text
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class PdfConfig(BaseModel):
                                      description="Tesseract language codes, tried together (spa+por+eng)")
     ocr_dpi: int = Field(300, ge=72, le=600, description="resolution pages are rendered at for OCR")
     max_ocr_megapixels: float = Field(40.0, gt=0, description="a page rendered for OCR is scaled down to at most this many pixels (a huge page is no memory bomb)")
-    page_timeout_s: float = Field(60.0, gt=0, description="one page (text layer or OCR) taking longer is dropped (pdf:page_timeout)")
-    doc_timeout_s: float = Field(1800.0, gt=0, description="pages still unread after this long are dropped (pdf:time_budget); a long PDF read in page ranges: per range")
+    page_timeout_s: float = Field(60.0, gt=0, le=3600, description="one page (text layer or OCR) taking longer is dropped (pdf:page_timeout)")
+    doc_timeout_s: float = Field(1800.0, gt=0, le=86400, description="the document's time budget: pages still unread after this long are dropped (pdf:time_budget), layout then gets what is left (at least page_timeout_s); a long PDF read in page ranges shares it among them by page count")
     max_pages: int = Field(2000, gt=0, description="pages after this many are not read (pdf:over_max_pages)")
     pages_per_unit: int = Field(200, ge=0, description="a local PDF with more pages is read as work units of this many pages each, joined into one document (quipu.tasks.pdf_ranges); 0: never split")
     max_memory_mb: int = Field(2048, ge=256, description="address-space limit of the process that parses PDFs (a page exceeding it is pdf:page_error)")
@@ -125,6 +125,9 @@ def _serve(conn, max_memory_mb: int) -> None:   # runs in the child
         if msg[0] == "count":       # the planner asks how many pages a long PDF has
             conn.send(_page_count(msg[1]))
             continue
+        if msg[0] == "layout":      # the pages read: to one document, under this process's limits
+            conn.send(_lay_out(*msg[1:]))
+            continue
         _, source, start, cfg = msg
         _read_pages(conn, source, start, cfg)
 
@@ -139,6 +142,15 @@ def _page_count(source: bytes | str) -> tuple:
         return ("count", len(doc))
     finally:
         doc.close()
+
+
+def _lay_out(info: dict, results: dict[int, dict], cfg: dict) -> tuple:
+    try:
+        return ("document", document(info, results, PdfConfig.model_validate(cfg)))
+    except MemoryError:
+        return ("error", "out of memory laying out the pages")
+    except Exception as e:  # a layout bug on one document costs that document
+        return ("error", f"{type(e).__name__}: {e}"[:200])
 
 
 def ocr_language(text: str, languages: list[str]) -> str | None:
@@ -211,6 +223,7 @@ def _read_pages(conn, source: bytes | str, start: int, cfg: dict) -> None:
 
 
 BATCH_S = 0.05
+MAX_PAGE_LINES = 5000       # a dense page of small print has ~150 lines, a table ~1,000
 _CATALOG = re.compile(rb"(\d+)\s+(\d+)\s+obj\s*<<(?:(?!endobj).){0,4000}?/Type\s*/Catalog", re.S)
 MAX_REPAIR_BYTES = 256 << 20
 
@@ -253,6 +266,9 @@ def _read_page(doc, i: int, cfg: dict, state: dict) -> dict:
         if problem is None and _mostly_picture(page, width, height, len(text)):
             problem = "none"     # a scan with a few words of text layer (a stamp, a digital header)
         base = {"width": width, "height": height}
+        if len(lines) > MAX_PAGE_LINES:    # no page of prose or tables: its layout would cost the run
+            return {**base, "status": "dropped", "reason": "pdf:page_too_dense",
+                    "detail": f"{len(lines)} text lines (at most {MAX_PAGE_LINES} are laid out)"}
         if problem is None and pcfg.ocr != "always":
             return {**base, "status": "text", "lines": [_pack(l) for l in lines]}
         if problem == "none" and not text.strip() and raw.FPDFPage_CountObjects(page.raw) == 0:
@@ -416,7 +432,7 @@ def ocr_page(page, width: float, height: float, cfg: PdfConfig, tesseract: str,
     env = {**os.environ, "OMP_THREAD_LIMIT": "1"}   # one core per page: the workers parallelise
     proc = subprocess.run([tesseract, "stdin", "stdout", "-l", "+".join(languages), "--psm", "3",
                            "--dpi", str(round(72 * scale)), "tsv"], input=buf.getvalue(), capture_output=True,
-                          timeout=0.9 * cfg.page_timeout_s, env=env, check=False)
+                          timeout=0.9 * cfg.page_timeout_s, env=env, check=False, preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise subprocess.SubprocessError(f"tesseract exited {proc.returncode}: "
                                          f"{proc.stderr.decode('utf-8', 'replace').strip()[-200:]}")
@@ -503,10 +519,27 @@ def _worker(max_memory_mb: int) -> ChildWorker:
 def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
     """Read one PDF (its bytes, or a local path) page by page in the child process, restarting it
     past a page that hangs or kills it; see the module docstring."""
-    info, results, error = read_pages(source, cfg)
+    deadline = time.monotonic() + cfg.doc_timeout_s
+    info, results, error = read_pages(source, cfg, budget_s=cfg.doc_timeout_s)
     if info is None:
         return unread(*error)
-    return document(info, results, cfg)
+    return lay_out(info, results, cfg, deadline - time.monotonic())
+
+
+def lay_out(info: dict, results: dict[int, dict], cfg: PdfConfig, seconds_left: float) -> PdfRead:
+    """The document made of its pages' results (`document`) in the child process, under its memory
+    limit and the document's time budget left (at least `page_timeout_s`): a page layout that the
+    reading order or header search handles badly costs its document, never the run. A layout that
+    fails drops every page (`pdf:time_budget`, `pdf:layout_error`)."""
+    worker = _worker(cfg.max_memory_mb)
+    seconds = max(seconds_left, cfg.page_timeout_s)
+    worker.send(("layout", info, results, cfg.model_dump()))
+    msg = worker.receive(seconds)
+    if msg[0] == "document":
+        return msg[1]
+    reason, detail = (("pdf:time_budget", f"layout took over {seconds:.0f} s") if msg[0] == "timeout" else
+                      ("pdf:layout_error", msg[1] if msg[0] == "error" else "the layout process crashed"))
+    return document(info, {i: {"status": "dropped", "reason": reason, "detail": detail} for i in results}, cfg)
 
 
 def unread(reason: str, detail: str) -> PdfRead:
@@ -523,17 +556,17 @@ def page_count(source: bytes | str, cfg: PdfConfig) -> int | None:
     return msg[1] if msg[0] == "count" else None
 
 
-def read_pages(source: bytes | str, cfg: PdfConfig, first: int = 0,
-               end: int | None = None) -> tuple[dict | None, dict[int, dict], tuple[str, str] | None]:
+def read_pages(source: bytes | str, cfg: PdfConfig, first: int = 0, end: int | None = None,
+               budget_s: float | None = None) -> tuple[dict | None, dict[int, dict], tuple[str, str] | None]:
     """(the document's info, each page's result by index, None), pages `first` to `end` (0-based,
     end excluded; at most `max_pages`) read in the child process, restarting it past a page that
-    hangs or kills it; (None, {}, (reason, detail)) when the file cannot be opened. Its time budget
-    (`doc_timeout_s`) is this call's."""
+    hangs or kills it; (None, {}, (reason, detail)) when the file cannot be opened. Pages still
+    unread after `budget_s` (default `doc_timeout_s`) are dropped (`pdf:time_budget`)."""
     stop = min(cfg.max_pages, end if end is not None else cfg.max_pages)
     exe, languages = tesseract_setup(tuple(cfg.ocr_languages)) if cfg.ocr != "never" else (None, ())
     job = {"pdf": cfg.model_dump(), "max_pages": stop, "tesseract": exe, "languages": list(languages)}
     worker = _worker(cfg.max_memory_mb)
-    deadline = time.monotonic() + cfg.doc_timeout_s
+    deadline = time.monotonic() + (cfg.doc_timeout_s if budget_s is None else budget_s)
     results: dict[int, dict] = {}
     info: dict | None = None
     start, batch = first, True

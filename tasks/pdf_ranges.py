@@ -20,10 +20,16 @@ Joining (`join_ranges`): once every range is read, the PDF's unit is extracted a
 would be, with its pages taken from the parts instead of the child: `pdf.document` lays out ALL the
 pages together, so running headers, footers and page numbers are found across the whole document,
 paragraphs and hyphenated words run on across range boundaries, and the text, metadata, page counts,
-OCR confidence and dropped-page rows are those of the unsplit document, byte for byte. What is per
-range, not per document: the time budget (`doc_timeout_s`: each range has its own), and the OCR
-language a document's first OCR'd page teaches the next pages (each range learns it again; with one
-`ocr_languages` entry, or born-digital pages, nothing differs).
+OCR confidence and dropped-page rows are those of the unsplit document, byte for byte. The time
+budget is the document's: each range reads under its share of `doc_timeout_s` (by page count), and
+the join lays out under what the ranges left of it (at least `page_timeout_s`), in the child process
+as an unsplit read does. What is per range, not per document: the OCR language a document's first
+OCR'd page teaches the next pages (each range learns it again; with one `ocr_languages` entry, or
+born-digital pages, nothing differs).
+
+A PDF that changed between planning and joining (another file under its name, pages added or cut:
+its ranges' bytes differ from each other or from the file's, or pages are in no range) cannot be
+joined: `FileChanged`, which extract quarantines with its reason; the run goes on.
 """
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ from quipu.tasks import pdf, readers
 from quipu.tasks.driver import load_done
 from quipu.tasks.pdf import PdfConfig, PdfRead
 from quipu.tasks.stage import Shard, StageLayout
+
+class FileChanged(Exception):
+    """A PDF whose page ranges were read from different versions of the file."""
+
 
 MIN_BYTES_PER_PAGE = 1024       # a PDF smaller than pages_per_unit pages of this many bytes is read whole
 PARTS_DIR = "_pdf_pages"
@@ -76,6 +86,7 @@ class PdfPagesPart(BaseModel):
     source: str
     first_page: int             # from 1
     last_page: int
+    input_sha256: str = ""      # the whole file's when the range was read ("": not known)
     pages: Shard                # the JSON file of the pages' results (rows: pages in it)
     input_docs: int = 0         # a range makes no document: its PDF's unit does (`join_ranges`)
     seconds: float = 0.0
@@ -92,23 +103,37 @@ def read_range(part: readers.FileSlice, layout: StageLayout, key: str, fp: str, 
     if done is not None:
         return done
     t0 = time.perf_counter()
-    info, results, error = pdf.read_pages(readers.local_path(part.path), cfg, part.start, part.end)
+    local = readers.local_path(part.path)
+    share = (part.end - part.start) / max(1, min(part.before, cfg.max_pages))   # of the document's budget
+    info, results, error = pdf.read_pages(local, cfg, part.start, part.end, budget_s=cfg.doc_timeout_s * share)
     path = layout.scratch(PARTS_DIR) / f"{key}.json"    # a work folder: deleted when the run completes
     body = {"first": part.start, "end": part.end, "info": info, "error": error,
             "results": [[i, results[i]] for i in sorted(results)]}
     write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode())
     result = PdfPagesPart(shard=key, fingerprint=fp, source=readers.source_name(part.path), first_page=part.start + 1,
-                          last_page=part.end, seconds=time.perf_counter() - t0,
+                          last_page=part.end, seconds=time.perf_counter() - t0, input_sha256=_file_sha(local),
                           pages=Shard(name=key, path=str(path), sha256=sha256_file(path), rows=len(results),
                                       bytes=path.stat().st_size))
     write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
     return result
 
 
-def join_ranges(parts: list[PdfPagesPart], cfg: PdfConfig) -> PdfRead:
+def _file_sha(path: str) -> str:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return ""
+
+
+def join_ranges(parts: list[PdfPagesPart], cfg: PdfConfig, source: str | None = None) -> PdfRead:
     """The one document of a PDF read in ranges, from its parts in page order, as `pdf.read_pdf`
     makes it from the whole file. A range whose reader could not open the file drops its pages
-    (`pdf:page_error`, with the reason); when none could, the document is unread, as unsplit."""
+    (`pdf:page_error`, with the reason); when none could, the document is unread, as unsplit.
+    Raises `FileChanged` when the ranges were read from different versions of the file or from
+    another than `source` (a local path) is now."""
+    shas = {p.input_sha256 for p in parts} | ({_file_sha(source)} if isinstance(source, str) else set())
+    if len(shas - {""}) > 1:
+        raise FileChanged(f"pdf changed while read: {parts[0].source} changed while its page ranges were read")
     info, results, errors = None, {}, []
     for part in sorted(parts, key=lambda p: p.first_page):
         body = json.loads(Path(part.pages.path).read_text())
@@ -122,6 +147,8 @@ def join_ranges(parts: list[PdfPagesPart], cfg: PdfConfig) -> PdfRead:
     if info is None:
         return pdf.unread(*errors[0])
     missing = set(range(min(info["pages"], cfg.max_pages))) - set(results)
-    if missing:
-        raise AssertionError(f"extract: pages {sorted(missing)[:5]} of {parts[0].source} are in no range read")
-    return pdf.document(info, results, cfg)
+    if missing or len({p.last_page for p in parts}) != len(parts):
+        raise FileChanged(f"pdf changed while read: {parts[0].source} has pages {sorted(missing)[:5]} in no range read "
+                          "(it changed after its ranges were planned)")
+    left = cfg.doc_timeout_s - sum(p.seconds for p in parts)
+    return pdf.lay_out(info, results, cfg, left)

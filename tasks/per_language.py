@@ -36,9 +36,29 @@ def _check_mapping(value: Any, kind: Any) -> Any:
     if "default" not in value:
         raise ValueError("a per-language value needs a `default` key, e.g. {default: 0.12, es: 0.18}")
     for key in value:
-        if key != "default" and not (isinstance(key, str) and key.isalpha() and 2 <= len(key) <= 3):
-            raise ValueError(f"'{key}' is not a language code like 'es' (or `default`)")
+        if key != "default":
+            check_language_code(key)
     return {k: None if _is_off(v, kind) else v for k, v in value.items()}
+
+
+# the labels of fastText's lid.176 (what stage langid writes to `lang`): a code outside them names
+# no document, so a typo ('ES', 'spa', 'xx') would silently leave the default in force
+LID_CODES = frozenset("""
+af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co cs cv cy
+da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif hr hsb ht hu hy ia
+id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min mk ml
+mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm ro ru rue
+sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo
+wa war wuu xal xmf yi yo yue zh""".split())
+
+
+def check_language_code(code: Any) -> str:
+    """`code` when it is a language langid can give a document; ValueError naming the known codes."""
+    if not isinstance(code, str) or code not in LID_CODES:
+        hint = f" (did you mean '{code.lower()}'?)" if isinstance(code, str) and code.lower() in LID_CODES else ""
+        raise ValueError(f"{str(code)[:40]!r} is not a language code langid gives{hint}: one of es, pt, en, ... "
+                         f"(the {len(LID_CODES)} lid.176 codes, lower case, e.g. 'es' not 'ES' or 'spa')")
+    return code
 
 
 KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false"}

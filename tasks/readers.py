@@ -239,6 +239,7 @@ def _jsonl_slices(path: str, size: int, part_bytes: int) -> list[FileSlice]:
     return [FileSlice(path, "jsonl", c, e, before, c, e) for (c, before), e in zip(cuts, ends)]
 
 
+BATCH_BYTES = 32 << 20                # decoded bytes of a parquet batch (rows: at most the reader's batch_rows)
 MAX_PARQUET_FOOTER_BYTES = 64 << 20   # real footers are KBs to a few MB; pyarrow reads the declared size whole
 
 
@@ -624,9 +625,6 @@ def read_pdf_file(path: str, limits: ReadLimits = ReadLimits(), size: int | None
 def _text_array(arr, pa):
     """The `text` column as a string or binary array, whatever string-like type it was written as."""
     t = arr.type
-    if pa.types.is_dictionary(t):
-        arr = arr.dictionary_decode()
-        t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return arr
     if t == pa.string_view():
@@ -634,6 +632,24 @@ def _text_array(arr, pa):
     if t == pa.binary_view():
         return arr.cast(pa.large_binary())
     raise TypeError(f"column 'text' is {t}")
+
+
+def _values(arr, pa, text: bool = False) -> list:
+    """A column's values as Python objects. A dictionary-encoded column's entries are made once and
+    shared by the rows that use them: 200 rows of one 40 MB entry cost 40 MB, not 8 GB (the reader
+    keeps such columns encoded: `read_dictionary`)."""
+    if pa.types.is_dictionary(arr.type):
+        entries = (_text_array(arr.dictionary, pa) if text else arr.dictionary).to_pylist()
+        return [None if i is None else entries[i] for i in arr.indices.to_pylist()]
+    return (_text_array(arr, pa) if text else arr).to_pylist()
+
+
+def _batch_rows(pf, rg: int, batch_rows: int) -> int:
+    """Rows per batch of row group `rg`: at most `batch_rows`, and about `BATCH_BYTES` of decoded
+    (uncompressed) data, from the row group's metadata."""
+    md = pf.metadata.row_group(rg)
+    per_row = sum(md.column(i).total_uncompressed_size for i in range(md.num_columns)) / max(1, md.num_rows)
+    return int(max(1, min(batch_rows, BATCH_BYTES // max(1, per_row))))
 
 
 def _is_text_type(t, pa) -> bool:
@@ -654,8 +670,10 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
         return
     try:
         fh = fsspec.open(path, "rb").open()
-        pf = pq.ParquetFile(fh)
-        schema = pf.schema_arrow
+        schema = pq.ParquetFile(fh).schema_arrow
+        strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                   or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+        pf = pq.ParquetFile(fh, read_dictionary=strings)      # dictionary-encoded columns stay encoded
     except Exception as e:  # corrupt footer, truncated file, not parquet at all
         yield Quarantined(path, "file", f"unreadable parquet: {type(e).__name__}: {str(e)[:200]}")
         return
@@ -672,10 +690,12 @@ def read_parquet(path: str, batch_rows: int = 1000, limits: ReadLimits = ReadLim
             rg_rows = pf.metadata.row_group(rg).num_rows
             rg_end = row + rg_rows
             try:
-                for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[rg]):
+                for rb in pf.iter_batches(batch_size=_batch_rows(pf, rg, batch_rows), row_groups=[rg]):
                     try:
-                        texts = _text_array(rb.column(rb.schema.get_field_index("text")), pa).to_pylist()
-                        objs = rb.drop_columns(["text"]).to_pylist()
+                        texts = _values(rb.column(rb.schema.get_field_index("text")), pa, text=True)
+                        others = rb.drop_columns(["text"])
+                        columns = {name: _values(others.column(name), pa) for name in others.schema.names}
+                        objs = [dict(zip(columns, row)) for row in zip(*columns.values())] if columns else [{} for _ in texts]
                     except Exception as e:
                         yield Quarantined(path, f"row {row}", f"undecodable rows {row}-{row + rb.num_rows - 1}: "
                                                               f"{type(e).__name__}: {str(e)[:200]}")

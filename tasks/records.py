@@ -59,7 +59,8 @@ class ReadStats:
 
 def stable_id(source: str, offset: str) -> str:
     """An id for records that bring none: file name + position, stable across machines."""
-    return hashlib.sha1(f"{Path(source).name}:{offset}".encode()).hexdigest()[:20]
+    # surrogateescape: a name that is not UTF-8 (os.fsdecode's lone surrogates) hashes as its bytes
+    return hashlib.sha1(f"{Path(source).name}:{offset}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 def escape_snippet(raw: bytes | str) -> str:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
 from quipu.catalog.files import sha256_json
+from quipu.tasks.per_language import check_language_code
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, langs_of, snippet, split_by_mask
 
@@ -38,6 +39,7 @@ class ScoreFilterConfig(StageConfig):
     @classmethod
     def _fractions(cls, v: dict[str, float]) -> dict[str, float]:
         for lang, f in v.items():
+            check_language_code(lang)
             if not 0 < f <= 1:
                 raise ValueError(f"fraction for '{lang}' must be in (0, 1], got {f}")
         return v

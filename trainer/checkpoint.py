@@ -18,11 +18,13 @@ unpickling code: `torch.load(weights_only=True)`, and DCP's metadata through an 
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import random
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -66,6 +68,30 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 class UnsafeCheckpoint(UserError):
     """A checkpoint file holding more than tensors and plain data: never unpickled."""
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint file that is cut short, corrupt, or points outside its folder: one line naming it."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def regular_file(path: Path) -> int:
+    """The size of `path`, a regular file (a link is followed only when it stays in its folder);
+    DamagedCheckpoint otherwise (missing, a device such as /dev/zero, a FIFO, a link out)."""
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(path.parent):
+        raise DamagedCheckpoint(f"refusing to load {path}: it is a link to {real}, outside its checkpoint")
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise DamagedCheckpoint(f"cannot load {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DamagedCheckpoint(f"refusing to load {path}: not a regular file")
+    return st.st_size
 
 
 def rng_state() -> dict:
@@ -116,6 +142,7 @@ def step_of(path: Path) -> int:
 def load_checkpoint(path: str | Path) -> dict:
     """Tensors and plain data only (`weights_only=True`): a run folder may be shared and writable by
     others, and unpickling a crafted file would run its code. Anything else is refused."""
+    regular_file(Path(path))
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -124,6 +151,8 @@ def load_checkpoint(path: str | Path) -> dict:
         first = lines[0] if lines else type(e).__name__
         raise UnsafeCheckpoint(f"refusing to load {path}: it holds objects other than tensors and plain data "
                                f"({first[:160]}); it was not written by this version of quipu, or was tampered with") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:     # cut short, corrupt: torch's message is long
+        raise DamagedCheckpoint(f"cannot load {path}: damaged or truncated ({_first_line(e)})") from None
 
 
 # ---- sharded (torch.distributed.checkpoint) ------------------------------------------------------
@@ -241,13 +270,26 @@ class _MetadataUnpickler(pickle.Unpickler):
 def _safe_reader(path: Path):
     from torch.distributed.checkpoint import FileSystemReader
 
+    inside(path)
+
     class SafeReader(FileSystemReader):
+        reading = ""      # the shard being read: a damaged one is named
+
+        def _slice_file(self, file, sinfo):
+            self.reading = sinfo.relative_path
+            return super()._slice_file(file, sinfo)
+
         def read_metadata(self, *args, **kwargs):
-            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as fh:
+            meta_path = Path(self._get_metadata_path(kwargs.get("rank")))
+            regular_file(meta_path)
+            with self.fs.create_stream(meta_path, "rb") as fh:
                 try:
                     metadata = _MetadataUnpickler(fh).load()
                 except pickle.UnpicklingError as e:
                     raise UnsafeCheckpoint(f"refusing to load {path}: {e}") from None
+                except Exception as e:     # cut short, or not a DCP metadata file at all
+                    raise DamagedCheckpoint(f"cannot load {meta_path}: damaged or truncated ({_first_line(e)})") from None
+            check_storage(path, metadata)
             if getattr(metadata, "storage_meta", None) is None:
                 from torch.distributed.checkpoint.metadata import StorageMeta
                 metadata.storage_meta = StorageMeta()
@@ -255,6 +297,51 @@ def _safe_reader(path: Path):
             return metadata
 
     return SafeReader(str(path))
+
+
+def inside(path: Path) -> None:
+    """Refuses a sharded checkpoint's `state` folder, or its step folder, that is a link elsewhere."""
+    for p in (path.parent, path):
+        if os.path.realpath(p) != os.path.join(os.path.realpath(p.parent), p.name):
+            raise DamagedCheckpoint(f"refusing to load {p}: it is a link to {os.path.realpath(p)}")
+
+
+def check_storage(path: Path, metadata) -> None:
+    """Every file DCP's metadata names is a regular file inside `path` (no '../', no absolute path, no
+    link out, no device) and holds every byte range read from it, before any is read."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        raise DamagedCheckpoint(f"cannot load {path}/.metadata: it names no storage")
+    root, sizes = os.path.realpath(path), {}
+    for info in storage.values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(info, _StorageInfo) or not isinstance(rel, str) or not rel or "\0" in rel:
+            raise DamagedCheckpoint(f"cannot load {path}/.metadata: a storage entry without a file name")
+        if rel not in sizes:
+            target = os.path.realpath(os.path.join(root, rel))
+            if os.path.isabs(rel) or os.path.dirname(target) != root:
+                raise DamagedCheckpoint(f"refusing to load {path}: its metadata points outside it ({rel[:200]!r})")
+            sizes[rel] = regular_file(Path(root) / rel)
+        offset, length = info.offset, info.length
+        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0
+                and offset + length <= sizes[rel]):
+            raise DamagedCheckpoint(f"cannot load {path / rel}: truncated or damaged (bytes {offset}+{length} "
+                                    f"of a {sizes[rel]}-byte file)")
+
+
+def dcp_load(path: Path, state: dict, no_dist: bool) -> None:
+    """`dcp.load` of `path/state` (metadata checked first), a damaged shard one line naming it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException   # a BaseException
+    reader = _safe_reader(path / "state")
+    reader.read_metadata()    # refused here with its own message (inside dcp.load it would be wrapped)
+    try:
+        dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=no_dist)
+    except UserError:
+        raise
+    except (Exception, CheckpointException) as e:     # DCP wraps a shard's error in a many-line one
+        raise DamagedCheckpoint(f"cannot load {path / 'state' / reader.reading}: damaged ({_first_line(e)})") from None
 
 
 def _safe_planner():
@@ -286,7 +373,6 @@ def read_trainer_state(path: Path) -> dict:
 def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
     """Loads a sharded checkpoint into `model` (and `optimizer`) whatever their sharding now: each
     rank reads the slices it holds. Returns the trainer state (see `read_trainer_state`)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, set_state_dict, \
         set_model_state_dict
     if optimizer is not None:
@@ -294,9 +380,7 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
         state = {"model": model_sd, "optimizer": optim_sd}
     else:
         state = {"model": get_model_state_dict(model)}
-    reader = _safe_reader(path / "state")
-    reader.read_metadata()    # refused here with its own message (inside dcp.load it would be wrapped)
-    dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=_no_dist())
+    dcp_load(path, state, _no_dist())
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     else:
@@ -308,14 +392,22 @@ def sharded_tensor_specs(path: Path, prefix: str = "model.") -> dict[str, tuple[
     """Name -> (shape, dtype) of every tensor under `prefix` in a sharded checkpoint, from its metadata."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     meta = _safe_reader(path / "state").read_metadata()
-    return {k[len(prefix):]: (m.size, m.properties.dtype) for k, m in meta.state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    specs = {k[len(prefix):]: (m.size, m.properties.dtype) for k, m in meta.state_dict_metadata.items()
+             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    stored: dict[str, int] = {}
+    for index, info in meta.storage_data.items():
+        stored[index.fqn] = stored.get(index.fqn, 0) + info.length
+    for name, (shape, dtype) in specs.items():    # a declared shape is allocated: it must be on disk
+        need = math.prod(shape) * dtype.itemsize
+        if stored.get(prefix + name, 0) < need:
+            raise DamagedCheckpoint(f"cannot load {path / 'state'}: tensor {name!r} is declared {list(shape)} "
+                                    f"({need:,} bytes) but its shards hold {stored.get(prefix + name, 0):,} bytes")
+    return specs
 
 
 def read_sharded_tensor(path: Path, name: str, shape, dtype) -> torch.Tensor:
     """One full tensor of a sharded checkpoint's model (its shards joined), read without the rest."""
-    import torch.distributed.checkpoint as dcp
     t = torch.empty(shape, dtype=dtype)
     holder = {"model": {name: t}}
-    dcp.load(holder, storage_reader=_safe_reader(path / "state"), planner=_safe_planner(), no_dist=True)
+    dcp_load(path, holder, True)
     return holder["model"][name]

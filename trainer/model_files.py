@@ -14,6 +14,7 @@ loader sees it, then loaded once in a child process, so that a file the loader w
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import struct
@@ -29,6 +30,10 @@ MAX_WORDS = 100_000_000
 MAX_BUCKET = 1 << 31
 KSUB = 256                 # centroids per product-quantizer subspace
 CHILD_TIMEOUT_S = 300
+FLOAT_CHUNK = 1 << 20
+NGRAM_BYTES = 8            # an n-gram id in a word's subword list, with the vector's growth
+MAX_NGRAM_BYTES = 1 << 30
+CHILD_MEMORY_BYTES = 1536 << 20   # address space of the loading child, plus twice the file's size
 
 # Good and junk text in the project's languages: a quality classifier scores them differently.
 PROBE = [
@@ -67,13 +72,26 @@ class _Reader:
             raise EOFError
         self.fh.seek(n, os.SEEK_CUR)
 
-    def word(self) -> None:
-        """Skip one NUL-terminated dictionary word (at most 64 KiB)."""
+    def word(self) -> int:
+        """Skip one NUL-terminated dictionary word (at most 64 KiB); its length in bytes."""
         chunk = self.fh.read(1 << 16)
         end = chunk.find(b"\0")
         if end < 0:
             raise EOFError
         self.fh.seek(end + 1 - len(chunk), os.SEEK_CUR)
+        return end
+
+    def floats(self, n: int) -> bool:
+        """Read `n` float32 values in bounded chunks: whether all are finite (no NaN, no inf)."""
+        import numpy as np
+        if n < 0 or self.fh.tell() + 4 * n > self.size:
+            raise EOFError
+        finite = True
+        while n > 0:
+            k = min(n, FLOAT_CHUNK)
+            finite = finite and bool(np.isfinite(np.frombuffer(self.fh.read(4 * k), dtype="<f4")).all())
+            n -= k
+        return finite
 
 
 def _matrix(r: _Reader, dim: int, rows: int, what: str) -> str | None:
@@ -83,8 +101,7 @@ def _matrix(r: _Reader, dim: int, rows: int, what: str) -> str | None:
         m, n = r.unpack("<qq")
         if (m, n) != (rows, dim):
             return f"{what} matrix is {m} x {n}, the header and dictionary say {rows} x {dim}"
-        r.skip(m * n * 4)
-        return None
+        return None if r.floats(m * n) else f"{what} matrix holds NaN or infinite weights"
     qnorm, m, n, codesize = r.unpack("<?qqi")
     if (m, n) != (rows, dim) or codesize <= 0:
         return f"quantized {what} matrix is {m} x {n} ({codesize} code bytes), the header and dictionary say {rows} x {dim}"
@@ -93,7 +110,8 @@ def _matrix(r: _Reader, dim: int, rows: int, what: str) -> str | None:
         pq_dim, nsubq, dsub, lastdsub = r.unpack("<iiii")
         if pq_dim != subspaces_dim or not 0 < dsub <= pq_dim or not 0 < nsubq <= pq_dim:
             return f"quantizer of the {what} matrix declares dim {pq_dim}, {nsubq} subspaces of {dsub}"
-        r.skip(pq_dim * KSUB * 4)
+        if not r.floats(pq_dim * KSUB):
+            return f"quantizer of the {what} matrix holds NaN or infinite centroids"
         if qnorm and subspaces_dim == dim:
             r.skip(m)   # norm codes, then the norm quantizer (dim 1)
     return None
@@ -122,9 +140,14 @@ def fasttext_problem(path: str) -> str | None:
                 return f"dictionary declares {n_entries} entries = {nwords} words + {nlabels} labels: inconsistent"
             if n_entries * 10 > size:
                 return f"dictionary declares {n_entries:,} entries, more than a {size:,}-byte file can hold"
+            ngrams = 0          # character n-grams the loader builds for the words: its memory
             for _ in range(n_entries):
-                r.word()
+                length = r.word() + 2    # with '<' and '>'
+                ngrams += sum(max(0, length - n + 1) for n in range(max(minn, 1), maxn + 1)) if maxn else 0
                 r.skip(9)    # int64 count, int8 type
+            if ngrams * NGRAM_BYTES > MAX_NGRAM_BYTES:
+                return (f"its dictionary's words make {ngrams:,} character n-grams (~{ngrams * NGRAM_BYTES >> 20:,} MiB "
+                        f"to load, at most {MAX_NGRAM_BYTES >> 20:,} MiB): words this long are no vocabulary")
             if prune > 0:
                 r.skip(prune * 8)
             problem = _matrix(r, dim, nwords + (prune if prune >= 0 else bucket), "input")
@@ -145,11 +168,15 @@ def fasttext_problem(path: str) -> str | None:
 def _run_child(args: list[str], path: str, what: str) -> dict:
     """Load a model in a child (`python -m quipu.trainer.model_files ARGS`): its JSON answer, or a
     ModelFileError for a crash, a timeout or an error, naming the file."""
+    limit = CHILD_MEMORY_BYTES + 2 * os.path.getsize(path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
-        p = subprocess.run([sys.executable, "-m", "quipu.trainer.model_files", *args],
-                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        p = subprocess.run([sys.executable, "-m", "quipu.trainer.model_files", *args], capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT_S, env=env, preexec_fn=lambda: _limit_memory(limit))
     except subprocess.TimeoutExpired:
         raise ModelFileError(f"{what} {path}: loading it took over {CHILD_TIMEOUT_S} s") from None
+    if p.returncode != 0 and ("MemoryError" in p.stderr or "bad_alloc" in p.stderr):
+        raise ModelFileError(f"{what} {path}: loading it needs over {limit >> 20:,} MiB: not a model this run can use")
     if p.returncode < 0:
         loader = what.split()[0]
         raise ModelFileError(f"{what} {path} crashed the {loader} loader ({signal.Signals(-p.returncode).name}): "
@@ -164,12 +191,21 @@ def _run_child(args: list[str], path: str, what: str) -> dict:
     return out
 
 
+def _limit_memory(limit: int) -> None:     # runs in the child, before exec
+    import resource
+    from quipu.tasks.child_worker import die_with_parent
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    die_with_parent()
+
+
 @lru_cache(maxsize=16)
 def _checked(path: str, mtime_ns: int, size: int, positive: str | None) -> None:
     problem = fasttext_problem(path)
     if problem:
         raise ModelFileError(f"fastText model {path}: {problem}")
     scores = _run_child([path, positive or ""], path, "fastText model").get("scores")
+    if scores is not None and not all(math.isfinite(x) for x in scores):
+        raise ModelFileError(f"classifier model {path} scores NaN or infinity: its weights are damaged; retrain it")
     if scores is not None and max(scores) - min(scores) < 1e-4:
         raise ModelFileError(f"classifier model {path} gives every probe text the same score ({scores[0]:.4f}): "
                              "truncated or untrained; retrain it")

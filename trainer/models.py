@@ -7,6 +7,7 @@ the Wayra student (`wayra`, quipu.trainer.wayra), KenLM (`kenlm`, quipu.trainer.
 """
 from __future__ import annotations
 
+import json
 import os
 
 from quipu.catalog.errors import UserError
@@ -30,6 +31,22 @@ class ModelNotFound(UserError, ValueError):
     """A model reference that names no file and no model of its kind in the catalog."""
 
 
+def declared_kinds(path: str) -> set[str]:
+    """The kinds a model file or folder says it is: the catalog's rows for it, and the `kind` of its
+    sidecar (`<model>.json` of a fastText classifier; `config.json` of a student folder)."""
+    from quipu.catalog import registry
+    kinds = registry.model_kinds_at(path)
+    sidecar = os.path.join(path, "config.json") if os.path.isdir(path) else os.path.splitext(path)[0] + ".json"
+    try:
+        if os.path.isfile(sidecar) and os.path.getsize(sidecar) < (1 << 20):
+            declared = json.loads(open(sidecar, "rb").read()).get("kind")
+            if isinstance(declared, str):
+                kinds.add(declared)
+    except (OSError, ValueError, AttributeError):
+        pass       # an unreadable sidecar is its loader's to report
+    return kinds
+
+
 def looks_like_path(ref: str, suffixes: tuple[str, ...] = ()) -> bool:
     return os.path.exists(os.path.expanduser(ref)) or os.sep in ref or (bool(suffixes) and ref.endswith(suffixes))
 
@@ -40,6 +57,9 @@ def resolve_model(kind: str, ref: str | None, key: str, suffixes: tuple[str, ...
     if ref and looks_like_path(ref, suffixes):
         path = os.path.abspath(os.path.expanduser(ref))
         registry.verify_model_files(path)   # a model quipu wrote: as it was written
+        other = declared_kinds(path) - {kind}
+        if other:     # e.g. news.model pointed at the quality classifier: it would score the wrong thing
+            raise ModelNotFound(f"{key}: {ref!r} is a `{sorted(other)[0]}` model, not a `{kind}` model")
         return path
     row = registry.get_model(ref, kind)
     if row is not None:

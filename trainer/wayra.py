@@ -32,6 +32,7 @@ sorted by length (little padding); `quantize=True` applies int8 dynamic quantisa
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -486,6 +487,14 @@ class WayraStudent:
             model.load_state_dict(state)
         except Exception as e:
             raise StudentError(f"student model {d / WEIGHTS_FILE} does not load: {str(e)[:300]}") from None
+        bad = next((k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+        if bad is not None:
+            raise StudentError(f"student model {d / WEIGHTS_FILE}: tensor {bad!r} holds NaN or infinite weights; retrain it")
+        del state
+        if not all(isinstance(cfg.get(k), (int, float)) and math.isfinite(cfg[k]) for k in ("label_mean", "label_std")) \
+                or cfg["label_std"] <= 0:
+            raise StudentError(f"student model {d / CONFIG_FILE}: label_mean and label_std must be finite numbers, "
+                               f"label_std > 0 (got {cfg.get('label_mean')!r}, {cfg.get('label_std')!r})")
         try:
             tok = Tokenizer.from_file(str(d / TOKENIZER_FILE))
         except Exception as e:

@@ -35,7 +35,7 @@ class DistillSettings(BaseModel):
     pretrain_epochs: int = Field(1, ge=0, le=100, description="LM-only passes over all (also unlabelled) text before distillation")
     val_fraction: float = Field(0.1, gt=0, lt=0.5)
     patience: int = Field(4, ge=1, description="early stopping: epochs without a better validation Spearman")
-    max_seconds: float | None = Field(None, gt=0, description="training time budget (checked between epochs)")
+    max_seconds: float | None = Field(None, gt=0, le=365 * 86400, description="training time budget (checked between epochs)")
     seed: int = 0
     threads: int | None = Field(None, ge=1, le=256)
     freeze_embeddings: bool = Field(False, description="keep the (teacher-initialised) token embeddings fixed (few labels: less overfitting)")
