@@ -87,11 +87,11 @@ def test_decide_reasons():
 def test_timeout_costs_one_document_and_the_worker_recovers():
     ex = HtmlExtractor()
     try:
-        status, _ = ex.extract(ARTICLE.encode() * 200, None, {}, timeout_s=0.001)
+        status, _, _ = ex.extract(ARTICLE.encode() * 200, None, {}, timeout_s=0.001)
         assert status == "timeout"
         assert ex.worker.proc is None               # the stuck worker was killed
-        status, text = ex.extract(ARTICLE.encode(), None, {}, timeout_s=60)
-        assert status == "ok" and "river rose" in text
+        status, text, path = ex.extract(ARTICLE.encode(), None, {}, timeout_s=60, method="fast", min_prose=0.85)
+        assert status == "ok" and "river rose" in text and path == "resiliparse"
     finally:
         ex.stop()
 
