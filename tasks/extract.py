@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import deque
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import pyarrow as pa
 from pydantic import Field
@@ -70,28 +71,67 @@ class ExtractConfig(StageConfig):
 # ---- HTML extraction in a child process, with a time limit --------------------------------------
 
 class HtmlExtractor:
-    """A long-lived HTML extraction worker process (tasks/html_text.py) (`child_worker.ChildWorker`); restarted after a
-    timeout or a crash."""
+    """A long-lived HTML extraction worker process (tasks/html_text.py, `child_worker.ChildWorker`);
+    restarted after a timeout or a crash.
+
+    Pages can be sent ahead (`submit`) so that the child extracts one page while this process
+    reads, repairs and writes the one before (`extract_unit` sends each HTML page one record
+    ahead): answers come back in the order pages were sent, and `result` takes them in that order.
+    A page's time limit counts from when its answer is awaited. After a timeout or a crash the
+    pages sent behind the lost one go to the new worker."""
 
     def __init__(self):
         # the child imports html_text only (not this module: pyarrow, the PDF stack), so it starts fast
         self.worker = ChildWorker(html_text.serve, what="HTML extraction worker")
+        self.pending: deque = deque()       # (record, message) sent and not yet answered, in order
+        self.answers: dict[int, tuple] = {}  # id(record) -> (record, answer) taken ahead of its turn
 
     def stop(self) -> None:
         self.worker.stop()
+        self.pending.clear()
+        self.answers.clear()
 
-    def extract(self, html: bytes | str, url: str | None, opts: dict, timeout_s: float, method: str = "trafilatura",
-                min_prose: float = 0.0) -> tuple[str, str | None, str | None]:
-        """(status, text or message, the path it took: html_text's names). Status: 'ok' | 'empty'
-        (no text) | 'timeout' | 'error'."""
-        self.worker.send((html, url, method, opts, min_prose))
+    def submit(self, record: Any, html: bytes | str, url: str | None, opts: dict, method: str = "trafilatura",
+               min_prose: float = 0.0) -> None:
+        msg = (html, url, method, opts, min_prose)
+        self.pending.append((record, msg))
+        self.worker.send(msg)
+
+    def holds(self, record: Any) -> bool:
+        """The record's page was submitted (its answer pending or already taken)."""
+        return id(record) in self.answers or any(r is record for r, _ in self.pending)
+
+    def _take(self, timeout_s: float) -> tuple:
+        record, _ = self.pending[0]
         status, value = self.worker.receive(timeout_s)
+        self.pending.popleft()
+        if status in ("timeout", "died"):       # the worker was stopped: resend what was queued behind
+            for _, msg in self.pending:
+                self.worker.send(msg)
+        return record, (status, value)
+
+    def result(self, record: Any, timeout_s: float) -> tuple[str, str | None, str | None]:
+        """(status, text or message, the path it took: html_text's names) for a submitted record.
+        Status: 'ok' | 'empty' (no text) | 'timeout' | 'error'."""
+        while id(record) not in self.answers:
+            if not self.pending:
+                raise KeyError("no page was submitted for this record")
+            got, answer = self._take(timeout_s)
+            self.answers[id(got)] = (got, answer)
+        status, value = self.answers.pop(id(record))[1]
         if status == "died":
             return "error", "extractor process died", None
         if status != "ok":
             return status, value, None
         text, path = value
         return ("ok" if (text or "").strip() else "empty"), text, path
+
+    def extract(self, html: bytes | str, url: str | None, opts: dict, timeout_s: float, method: str = "trafilatura",
+                min_prose: float = 0.0) -> tuple[str, str | None, str | None]:
+        """One page, sent and awaited: `result`'s answer."""
+        key = object()
+        self.submit(key, html, url, opts, method, min_prose)
+        return self.result(key, timeout_s)
 
 
 _local = threading.local()
@@ -130,6 +170,33 @@ def control_char_ratio(text: str, sample: int = 100_000) -> float:
     return len(_CONTROL.findall(head)) / max(1, len(head))
 
 
+def _needs_html(item: Any, cfg: ExtractConfig) -> bool:
+    """The record is a page `decide` sends to the HTML extractor."""
+    return (isinstance(item, readers.RawRecord) and not item.reject and item.pdf is None and item.html is not None
+            and len(item.html) <= cfg.max_html_bytes)
+
+
+def submit_html(record: readers.RawRecord, cfg: ExtractConfig) -> None:
+    opts = dict(include_comments=cfg.include_comments, include_tables=cfg.include_tables,
+                favor_precision=cfg.favor_precision, favor_recall=cfg.favor_recall)
+    _extractor().submit(record, html_for_parser(record.html, record.content_type), record.url, opts,
+                        cfg.html_extractor, cfg.fast_min_prose)
+
+
+def html_sent_ahead(items: Iterator, cfg: ExtractConfig) -> Iterator:
+    """`items`, each handed out after the next HTML page was sent to the extractor, so that the
+    child extracts it while this process finishes the one before."""
+    prev = None
+    for item in items:
+        if _needs_html(item, cfg):
+            submit_html(item, cfg)
+        if prev is not None:
+            yield prev
+        prev = item
+    if prev is not None:
+        yield prev
+
+
 def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None = None,
            lost_pages: list | None = None, pdf_read: Callable = pdf.read_pdf,
            html_paths: dict | None = None) -> tuple[str, str | None]:
@@ -153,10 +220,10 @@ def decide(record: readers.RawRecord, cfg: ExtractConfig, pdf_stats: dict | None
     if record.html is not None:
         if len(record.html) > cfg.max_html_bytes:
             return "", "extract:html_too_large"
-        opts = dict(include_comments=cfg.include_comments, include_tables=cfg.include_tables,
-                    favor_precision=cfg.favor_precision, favor_recall=cfg.favor_recall)
-        status, value, path = _extractor().extract(html_for_parser(record.html, record.content_type), record.url, opts,
-                                                   cfg.timeout_s, cfg.html_extractor, cfg.fast_min_prose)
+        ex = _extractor()
+        if not ex.holds(record):
+            submit_html(record, cfg)
+        status, value, path = ex.result(record, cfg.timeout_s)
         if html_paths is not None and path:
             html_paths[path] = html_paths.get(path, 0) + 1
         if status == "timeout":
@@ -301,7 +368,7 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
             path, part = input_path(unit_item), (unit_item if isinstance(unit_item, readers.FileSlice) else None)
             stats = readers.ReadStats()
             docs0, kept0, q0 = out.n_in, out.n_kept, len(quarantine_rows)
-            for item in readers.read(path, stats, limits, part):
+            for item in html_sent_ahead(readers.read(path, stats, limits, part), cfg):
                 if isinstance(item, readers.Quarantined):
                     quarantine_rows.append({"source": item.source, "record": item.record, "id": item.id,
                                             "reason": item.reason, "snippet": item.snippet})
@@ -330,6 +397,8 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
         quarantine = write_quarantine(run.quarantine / f"{key}.parquet", quarantine_rows) if quarantine_rows else None
     except BaseException:
         out.abort()
+        if _extractor().pending:      # pages sent ahead and never taken: their answers must not reach the next unit
+            _extractor().stop()
         raise
 
     pdf_stats.update({"removed_page_rows": out.removed_page_rows} if pdf_stats else {})

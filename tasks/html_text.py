@@ -87,20 +87,32 @@ def main_text(html: bytes | str, url: str | None, method: str, opts: dict, min_p
 
 def serve(conn) -> None:
     """The child process's loop (`child_worker.ChildWorker`): (html, url, method, opts, min_prose)
-    in, ("ok", (text, path)) or ("error", message) out."""
+    in, ("ok", (text, path)) or ("error", message) out, in order. A thread takes the messages off
+    the pipe as they come, so the parent can send a page while this one answers the one before
+    (neither side ever blocks on a full pipe)."""
     import logging
+    import queue
+    import threading
     # trafilatura logs "lxml parsing failed: Document is empty" and the like at ERROR for pages with
     # no text; each such page is already counted as a removal with its reason (extract:no_text), so
     # its log lines are noise on the user's terminal
     logging.getLogger("trafilatura").addHandler(logging.NullHandler())
     logging.getLogger("trafilatura").propagate = False
     import resiliparse.extract.html2text  # noqa: F401  (trafilatura is imported when a page first needs it)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def take() -> None:
+        while True:
+            try:
+                inbox.put(conn.recv())
+            except (EOFError, OSError):
+                inbox.put(None)
+                return
+
+    threading.Thread(target=take, daemon=True).start()
     conn.send(("ready", None))
-    while True:
-        try:
-            html, url, method, opts, min_prose = conn.recv()
-        except EOFError:
-            return
+    while (msg := inbox.get()) is not None:
+        html, url, method, opts, min_prose = msg
         try:
             conn.send(("ok", main_text(html, url, method, opts, min_prose)))
         except Exception as e:  # parser errors are per-document outcomes
