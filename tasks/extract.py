@@ -60,7 +60,7 @@ class ExtractConfig(StageConfig):
     max_file_seconds: float = Field(3600.0, gt=0, description="reading one input file (or one part of a large file) stops after this long; the rest of it is one quarantined record")
     pdf: PdfConfig = Field(default_factory=PdfConfig, description="PDF files and WARC/ARC PDF responses: text layer, OCR, limits (tasks/pdf.py)")
     fix_unicode: bool = Field(True, description="repair mojibake (ftfy) and normalise to NFC; counted in the report as unicode_repaired")
-    html_extractor: Literal["fast", "trafilatura"] = Field("fast", description="fast: resiliparse's main content, with a guard that sends pages that are not mostly prose to trafilatura's fast mode (tasks/html_text.py; ~4x trafilatura's speed at its token F1); trafilatura: trafilatura alone, with its fallback extractors")
+    html_extractor: Literal["fast", "trafilatura"] = Field("fast", description="fast: resiliparse's main content, with a guard that sends pages that are not mostly prose to trafilatura's fast mode (tasks/html_text.py; measured 2-4x the wall-clock of trafilatura(favor_precision) on article pages at 0.98x its token F1, bench/RESULTS.md); trafilatura: trafilatura alone, with its fallback extractors")
     fast_min_prose: float = Field(0.85, ge=0, le=1, description="html_extractor fast: a page whose resiliparse text has a smaller share of its words in prose lines (8+ words, ending like a sentence) goes to trafilatura")
     include_comments: bool = Field(False, description="trafilatura: keep user comments")
     include_tables: bool = Field(True, description="trafilatura: keep tables")
