@@ -19,6 +19,11 @@ Model (each assumption is printed with the table):
     .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
         [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1]
         [--pdf-text-pages-per-s 268 --pdf-ocr-pages-per-s 0.33] [--append bench/RESULTS.md]
+        [--html-pages-per-core-s 95 --html-kept-share 0.9]
+
+With `--html-pages-per-core-s` (extract's pages per core-second on WARC input,
+bench/extract_throughput.py --warc-pages) the same projection is made for a crawl: extract costs
+that per page, and the later stages see the share of pages extraction keeps (`--html-kept-share`).
 """
 from __future__ import annotations
 
@@ -95,6 +100,26 @@ def project(costs: dict, docs: int, cores: int, ppl_core_s: float) -> dict:
             "worker_mem": worker_mem, "combine_mem": combine_mem}
 
 
+def warc_lines(costs: dict, pages_per_core_s: float, kept: float, cores: list[int], pages: int, ppl_core_s: float) -> list[str]:
+    """The projection for a crawl of `pages` HTML pages: extract at the measured WARC rate, every
+    later stage on the share of pages extraction keeps (as a share of its JSONL documents)."""
+    import copy
+    warc = copy.deepcopy(costs)
+    for name, c in warc["stages"].items():
+        c["docs_in_share"] *= kept
+    warc["stages"]["extract"] = {"core_s_per_doc": 1 / pages_per_core_s, "docs_in_share": 1.0}
+    projs = [project(warc, pages, n, ppl_core_s * kept) for n in cores]
+    lines = [f"**A crawl: {pages:,} HTML pages from WARC** (projection): extract at {pages_per_core_s:,.1f} pages per "
+             f"core-second (measured on WARC input, bench/extract_throughput.py), the later stages on the "
+             f"{kept:.0%} of pages it keeps", "",
+             "| stage | " + " | ".join(f"{n} cores" for n in cores) + " |", "|---|" + "---:|" * len(cores)]
+    for name in projs[0]["stages"]:
+        lines.append(f"| {name} | " + " | ".join(hours(p["stages"][name]) for p in projs) + " |")
+    lines.append("| **total (stages one after another)** | " + " | ".join(f"**{hours(p['total'])}**" for p in projs) + " |")
+    lines.append("| bounding stage (WARC input) | " + " | ".join(p["bound"] for p in projs) + " |")
+    return lines + [""]
+
+
 def hours(s: float) -> str:
     if s >= 3600:
         return f"{s / 3600:,.1f} h"
@@ -112,6 +137,8 @@ def main() -> None:
                     help="PDF pages per core-second read from the text layer (bench/pdf_extraction.py)")
     ap.add_argument("--pdf-ocr-pages-per-s", type=float, default=PDF_OCR_PAGES_PER_CORE_S,
                     help="PDF pages per core-second read by OCR at 300 dpi (bench/pdf_extraction.py)")
+    ap.add_argument("--html-pages-per-core-s", type=float, help="extract on WARC input: pages per core-second")
+    ap.add_argument("--html-kept-share", type=float, default=1.0, help="share of WARC pages that extraction keeps")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -147,6 +174,8 @@ def main() -> None:
                   f"{p['worker_mem'] / 2**30:.1f} GiB per worker process (bounded by shard size and `partition_rows`, "
                   f"not by the run), and {p['combine_mem'] / 2**30:.1f} GiB in dedup's combine task "
                   f"({COMBINE_BYTES_PER_REMOVED} bytes per removed document, {costs['stages']['dedup']['removed_share']:.0%} removed).", ""]
+    if args.html_pages_per_core_s:
+        lines += warc_lines(costs, args.html_pages_per_core_s, args.html_kept_share, cores, sizes[-1], ppl_core_s)
     lines += pdf_lines(args.pdf_text_pages_per_s, args.pdf_ocr_pages_per_s, cores)
     tok_docs_core = TOKENIZER_TOKENS_PER_CORE_S / STUDENT_TOKENS
     gpu_docs = GPU_EFFECTIVE_FLOPS / (2 * STUDENT_FLOP_PARAMS * STUDENT_TOKENS)

@@ -87,11 +87,11 @@ def test_decide_reasons():
 def test_timeout_costs_one_document_and_the_worker_recovers():
     ex = HtmlExtractor()
     try:
-        status, _ = ex.extract(ARTICLE.encode() * 200, None, {}, timeout_s=0.001)
+        status, _, _ = ex.extract(ARTICLE.encode() * 200, None, {}, timeout_s=0.001)
         assert status == "timeout"
         assert ex.worker.proc is None               # the stuck worker was killed
-        status, text = ex.extract(ARTICLE.encode(), None, {}, timeout_s=60)
-        assert status == "ok" and "river rose" in text
+        status, text, path = ex.extract(ARTICLE.encode(), None, {}, timeout_s=60, method="fast", min_prose=0.85)
+        assert status == "ok" and "river rose" in text and path == "resiliparse"
     finally:
         ex.stop()
 
@@ -114,3 +114,29 @@ def test_shard_size_splits_output(tmp_path, shard_mb):
     assert len(r["kept_shards"]) > 1
     ids = [i for s in r["kept_shards"] for i in pq.read_table(s["path"]).column("id").to_pylist()]
     assert ids == [f"d{i}" for i in range(20)]
+
+
+def test_fast_path_guard_sends_pages_that_are_not_prose_to_trafilatura():
+    from quipu.tasks import html_text
+    text, path = html_text.main_text(ARTICLE, None, "fast", {}, 0.85)
+    assert path == html_text.FAST and "river rose slowly" in text and "Home | About" not in text
+    listing = ("<html><body><main>" + "".join(f"<div><a href='/p{i}'>Item number {i}</a> price {i} EUR</div>" for i in range(40))
+               + "</main></body></html>")
+    assert html_text.main_text(listing, None, "fast", {}, 0.85)[1] == html_text.GUARD_LOW_PROSE
+    assert html_text.main_text(ARTICLE, None, "trafilatura", {}, 0.85)[1] == html_text.TRAFILATURA
+    assert html_text.prose_share("one two\nThis line has well over eight words and ends with a stop.") == 12 / 14
+
+
+def test_pages_sent_ahead_are_answered_in_order_and_resent_after_a_timeout():
+    ex = HtmlExtractor()
+    a, b, c = object(), object(), object()
+    try:
+        ex.submit(a, ARTICLE.encode(), None, {}, "fast", 0.85)
+        ex.submit(b, ARTICLE.encode() * 400, None, {}, "fast", 0.85)      # slow: times out
+        ex.submit(c, ARTICLE.replace("river", "valley").encode(), None, {}, "fast", 0.85)
+        assert ex.result(a, 60)[0] == "ok"
+        assert ex.result(b, 0.001)[0] == "timeout"
+        status, text, _ = ex.result(c, 60)     # went to the restarted worker
+        assert status == "ok" and "valley rose slowly" in text and not ex.pending
+    finally:
+        ex.stop()
