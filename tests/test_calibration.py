@@ -228,3 +228,23 @@ def test_default_config_keeps_prose_and_removes_junk_per_language(shared_data, t
     heur = next(s for s in run["stages"] if s["name"] == "heuristics")
     assert set(heur["by_language"]) == {"en", "es", "pt"}     # decisions per language in run.json
     assert len({d["kind"] for d in docs.values()}) == len(KINDS) + 1
+
+
+def test_calibrate_takes_lid_tau_from_the_crawl_sample(tmp_path):
+    """With --crawl, tau = max(0.3, min(0.9, median - sigma)) of the crawl documents langid labels
+    --lang (FineWeb-2's way), not of the clean reference; the comment says so."""
+    import numpy as np
+    from quipu.flows.calibrate import run_calibration
+    from quipu.flows.curate import CurateConfig
+    from quipu.tasks import calibration as cal
+    ref = _english_reference(tmp_path)
+    crawl_docs = make_docs(30, seed=4, paras_per_doc=1) + junk_documents("en", 30, seed=2)
+    crawl = write_jsonl(tmp_path / "crawl.jsonl", crawl_docs)
+    demo = str(ROOT / "configs" / "curate" / "demo.yaml")
+    out = tmp_path / "en.yaml"
+    run_calibration(demo, [str(ref)], "en", output=str(out), crawl=[str(crawl)])
+    labels, scores, _ = cal.lid_scores([d["text"] for d in crawl_docs], "en", load_config(CurateConfig, demo).langid)
+    expected = round(cal.lid_tau(np.array([s for l, s in zip(labels, scores) if l == "en"])), 3)
+    config = load_config(CurateConfig, out)
+    assert config.langid.min_score["en"] == pytest.approx(expected) and expected < 0.9
+    assert "of the crawl sample (FineWeb-2)" in out.read_text()
