@@ -248,20 +248,18 @@ class FluencyFilter(Stage):
 
     def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
         keep, reasons, orders, bursts = [], [], [], []
-        stats: dict = {"by_language": {}}
+        judged: dict[str, int] = {}     # per language, documents long enough to judge (kept/removed: the driver's)
         for text, lang in zip(batch.column("text").to_pylist(), langs_of(batch)):
             verdict, order, burst = self.judge(text or "", lang)
             keep.append(verdict is None)
             reasons.append(verdict)
             orders.append(order)
             bursts.append(burst)
-            s = stats["by_language"].setdefault(lang, {"judged": 0, "removed": 0})
-            s["judged"] += order is not None
-            s["removed"] += verdict is not None
+            judged[lang] = judged.get(lang, 0) + (order is not None)
         batch = set_column(set_column(batch, WORD_ORDER, pa.array(orders, pa.float64())),
                            BURSTINESS, pa.array(bursts, pa.float64()))
         kept, removed = split_by_mask(batch, keep, reasons)
-        return Outcome(kept, removed, stats)
+        return Outcome(kept, removed, {"judged": judged})
 
     def judge(self, text: str, lang: str) -> tuple[str | None, float | None, float | None]:
         """(reason or None, word-order gain, burstiness); scores None when the text is not judged."""
