@@ -39,6 +39,7 @@ BASE = {
     "bad_words": {"enabled": False},
     "lines": {"max_line_count": 10},
     "heuristics": {"compat": "quipu"},
+    "fluency": {"enabled": True, "languages": ["en", "es", "pt"], "min_burstiness": {"default": None, "en": -5.5}},
     "quality": {"enabled": False},
     "decontam": {"benchmarks": ["humaneval"], "policy": "drop"},
     "pii": {"email_allow": []},

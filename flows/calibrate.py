@@ -1,6 +1,7 @@
 """Command `quipu calibrate`: per-language thresholds from reference text, and the report card.
 
-    quipu calibrate CONFIG --reference 'ref/pt/*.jsonl' --lang pt [--junk 'junk/pt/*.jsonl'] [--keep 0.97] --output NEW.yaml
+    quipu calibrate CONFIG --reference 'ref/pt/*.jsonl' --lang pt [--junk 'junk/pt/*.jsonl'] [--crawl 'sample/*.warc.gz']
+                    [--keep 0.97] --output NEW.yaml
     quipu calibrate --check CONFIG --reference ... [--junk ...] --lang pt     # the report card only
 
 The statistics and thresholds are quipu.tasks.calibration's (pure); this module reads the files,
@@ -157,7 +158,7 @@ def report_markdown(report: dict) -> str:
 
 def run_calibration(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
                     keep: float = 0.97, output: str | None = None, check: bool = False,
-                    report_path: str | None = None) -> dict:
+                    report_path: str | None = None, crawl: list[str] | None = None) -> dict:
     """Calibrate (or only check) `lang`'s thresholds; writes the config (unless check) and the report."""
     from quipu.flows.config import load_config, read_yaml
     from quipu.flows.curate import CurateConfig
@@ -176,12 +177,19 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
     except cal.CalibrationError as e:
         raise CalibrateError(str(e)) from None
     junk_texts = read_texts(junk) if junk else None
+    crawl_lid = None
+    if crawl:
+        crawl_texts = read_texts(crawl)
+        if not crawl_texts:
+            raise CalibrateError(f"--crawl: no documents in {', '.join(crawl)}")
+        crawl_labels, crawl_scores, _ = cal.lid_scores(crawl_texts, lang, config.langid)
+        crawl_lid = (crawl_labels, crawl_scores)
     ref = cal.measure(ref_texts, lang, heur, config.langid)
     junk_m = cal.measure(junk_texts, lang, heur, config.langid) if junk_texts else None
     written = None
     if not check:
         try:
-            values = cal.calibrate(ref, heur, config.langid, keep)
+            values = cal.calibrate(ref, heur, config.langid, keep, crawl_lid)
         except cal.CalibrationError as e:
             raise CalibrateError(str(e)) from None
         new_raw, comments = cal.apply(raw, lang, values)
@@ -202,7 +210,7 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
         write_bytes_atomic(Path(written), text.encode())
     evaluation = cal.evaluate(ref, junk_m, heur, config.langid)
     report = {"config": written or config_path, "mode": "check" if check else "calibrate", "keep": keep,
-              "reference": reference, "junk": junk or [], "languages": {lang: evaluation}}
+              "reference": reference, "junk": junk or [], "crawl": crawl or [], "languages": {lang: evaluation}}
     base = Path(report_path) if report_path else Path(written or config_path).with_suffix("")
     json_path = Path(f"{base}.calibration.json")
     html_path = Path(f"{base}.calibration.html")
@@ -214,14 +222,14 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
 
 def calibrate_flow_fn(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
                       keep: float = 0.97, output: str | None = None, check: bool = False,
-                      report_path: str | None = None) -> dict:
+                      report_path: str | None = None, crawl: list[str] | None = None) -> dict:
     """The calibration as a Prefect flow run, with the report as the artifact `calibration-<lang>`."""
     from prefect import flow
     from prefect.artifacts import create_markdown_artifact
 
     @flow(name="calibrate", log_prints=False)
     def calibrate_flow() -> dict:
-        report = run_calibration(config_path, reference, lang, junk, keep, output, check, report_path)
+        report = run_calibration(config_path, reference, lang, junk, keep, output, check, report_path, crawl)
         create_markdown_artifact(key=f"calibration-{lang}", markdown=report_markdown(report),
                                  description=f"quipu calibrate: per-rule cut-offs for {lang}, reference and junk removed")
         return report
@@ -231,7 +239,7 @@ def calibrate_flow_fn(config_path: str, reference: list[str], lang: str, junk: l
 
 def cmd_calibrate(args) -> int:
     kwargs = dict(config_path=args.config, reference=args.reference, lang=args.lang, junk=args.junk, keep=args.keep,
-                  output=args.output, check=args.check, report_path=args.report)
+                  output=args.output, check=args.check, report_path=args.report, crawl=args.crawl)
     report = calibrate_flow_fn(**kwargs) if args.flow else run_calibration(**kwargs)
     ev = report["languages"][args.lang]
     if report["mode"] == "calibrate":
@@ -254,6 +262,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", action="append", required=True, help="glob of text you trust in --lang (JSONL/parquet; repeatable)")
     p.add_argument("--lang", required=True, help="the language to calibrate, as langid labels it (es, pt, en...)")
     p.add_argument("--junk", action="append", help="glob of text the config should remove (repeatable): the report shows how much it does")
+    p.add_argument("--crawl", action="append", help="glob of a sample of your crawl (repeatable): LID tau is computed "
+                                                    "over its documents in --lang, as FineWeb-2 does, not over the reference")
     p.add_argument("--keep", type=float, default=0.97, help="share of the reference that must pass every rule together (default 0.97)")
     p.add_argument("--output", help="the calibrated config to write")
     p.add_argument("--check", action="store_true", help="only the report card of CONFIG's thresholds; writes no config")

@@ -227,12 +227,24 @@ def lid_tau(scores: np.ndarray) -> float:
     return float(max(0.3, min(0.9, np.median(scores) - np.std(scores))))
 
 
-def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: float) -> dict[str, dict]:
-    """New thresholds for `m.lang`: {rule key: {"rule", "value", "percentile", "reference_docs"}}."""
+def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: float,
+              crawl_lid: tuple[list[str], np.ndarray] | None = None) -> dict[str, dict]:
+    """New thresholds for `m.lang`: {rule key: {"rule", "value", "percentile", "reference_docs"}}.
+    With `crawl_lid` (top labels and `m.lang` scores of a sample of the user's crawl), the LID
+    threshold is FineWeb-2's: computed over the crawl documents labelled `m.lang`, not the reference
+    (clean reference text puts every language at the 0.9 cap, which loses real prose)."""
     is_lang = np.array([x == m.lang for x in m.lid_labels])
     tau = lid_tau(m.stats["lang_score"][is_lang])
     out = {LID.key: {"rule": LID, "value": round(tau, 3), "percentile": None, "reference_docs": int(is_lang.sum()),
                      "how": "max(0.3, min(0.9, median - sigma)) of the LID scores"}}
+    if crawl_lid is not None:
+        crawl_is_lang = np.array([x == m.lang for x in crawl_lid[0]], bool)
+        if not crawl_is_lang.any():
+            raise CalibrationError(f"crawl sample: no document is labelled {m.lang} by langid: LID tau cannot be computed from it")
+        tau = lid_tau(crawl_lid[1][crawl_is_lang])
+        out[LID.key] = {"rule": LID, "value": round(tau, 3), "percentile": None,
+                        "reference_docs": int(crawl_is_lang.sum()),
+                        "how": "max(0.3, min(0.9, median - sigma)) of the LID scores of the crawl sample (FineWeb-2)"}
     fixed = np.ones(m.docs, bool)            # the length rules, applied as configured
     tunable = []
     for rule in RULES:

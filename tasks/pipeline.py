@@ -16,6 +16,7 @@ from quipu.tasks import classifiers
 from quipu.tasks.bad_words import BadWordsFilter
 from quipu.tasks.decontam import Decontaminate
 from quipu.tasks.dedup import DedupStage
+from quipu.tasks.fluency import FluencyFilter
 from quipu.tasks.heuristics import HeuristicFilters
 from quipu.tasks.langid import LanguageId
 from quipu.tasks.lines import LineDedup
@@ -34,6 +35,7 @@ STAGES: list[type[Stage]] = [
     BadWordsFilter,      # off by default; per language, so after langid
     LineDedup,           # global: boilerplate lines go before any rule judges the text
     HeuristicFilters,
+    FluencyFilter,       # fluent junk (spun, n-gram generated): needs langid's `lang`
     TerminalPunctFilter,
     QualityFilter,
     *classifiers.stages(),   # tasks/classifiers/: every other fastText classifier

@@ -240,3 +240,22 @@ def test_lid_tau_is_median_minus_sigma_inside_its_bounds():
     assert lid_tau(scores) < float(np.median(scores))          # a threshold below the typical score
     assert lid_tau(np.array([0.99, 0.98, 0.995, 0.97])) == 0.9  # confident language: the 0.9 cap
     assert lid_tau(np.array([0.1, 0.2, 0.5, 0.3])) == 0.3       # unconfident: the 0.3 floor
+
+def test_calibrate_takes_lid_tau_from_the_crawl_sample(tmp_path):
+    """With --crawl, tau = max(0.3, min(0.9, median - sigma)) of the crawl documents langid labels
+    --lang (FineWeb-2's way), not of the clean reference; the comment says so."""
+    import numpy as np
+    from quipu.flows.calibrate import run_calibration
+    from quipu.flows.curate import CurateConfig
+    from quipu.tasks import calibration as cal
+    ref = _english_reference(tmp_path)
+    crawl_docs = make_docs(30, seed=4, paras_per_doc=1) + junk_documents("en", 30, seed=2)
+    crawl = write_jsonl(tmp_path / "crawl.jsonl", crawl_docs)
+    demo = str(ROOT / "configs" / "curate" / "demo.yaml")
+    out = tmp_path / "en.yaml"
+    run_calibration(demo, [str(ref)], "en", output=str(out), crawl=[str(crawl)])
+    labels, scores, _ = cal.lid_scores([d["text"] for d in crawl_docs], "en", load_config(CurateConfig, demo).langid)
+    expected = round(cal.lid_tau(np.array([s for l, s in zip(labels, scores) if l == "en"])), 3)
+    config = load_config(CurateConfig, out)
+    assert config.langid.min_score["en"] == pytest.approx(expected) and expected < 0.9
+    assert "of the crawl sample (FineWeb-2)" in out.read_text()
