@@ -459,7 +459,9 @@ from quipu.tasks import readers
 from quipu.tasks.records import ReadStats
 rows = readers.read(sys.argv[1], ReadStats(), readers.ReadLimits(max_record_bytes=1 << 20))
 got = [(type(r).__name__, getattr(r, "reject", None), len(getattr(r, "text", "") or "")) for r in rows]
-print(len(got), sorted(set(got)), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+# VmHWM, this process image's own peak: ru_maxrss also carries the (v)forking parent's peak across exec
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(len(got), sorted(set(got)), hwm >> 10)
 """
 
 

@@ -449,8 +449,9 @@ def test_shipped_continual_run_on_es_pt_versions_neither_memorises_nor_rolls_bac
     write_curated(tmp_path / "v1", name, synthetic_docs(6, 1, "es") + synthetic_docs(6, 2, "pt"))
     first = tokenize_train(cfg, new_version=NewVersion(dataset=name, version=1))
     notes = "\n".join(first["data_notes"])
-    err = capsys.readouterr().err
-    assert "data.max_epochs 4" in err and "does not fit" not in err     # no English is no problem for this blend
+    # the warning goes to the run's Prefect logger, whose handler keeps the stderr of the session's first
+    # flow run (not capsys's): the sentence is checked where the artifact and the CLI summary take it from
+    assert "does not fit" not in capsys.readouterr().err + notes     # no English is no problem for this blend
     assert 0 < first["step"] < cfg.train.max_steps and "data.max_epochs 4:" in notes and f"{name}[lang=en]" in notes
     assert all(r["repetitions"] <= 4 for r in first["blend"] if not r.get("absent"))
     assert {r["source"]: r["share"] for r in first["blend"]}[f"{name}[lang=en]"] == 0
