@@ -222,10 +222,59 @@ def read_reference(config, reference: list[str], lang: str) -> list[str]:
     return ref_texts
 
 
+def fit_fluency(config, lang: str, ref_texts: list[str], junk_texts: list[str] | None, crawl_texts: list[str] | None,
+                ) -> tuple[object, list[dict], list[dict]]:
+    """The fluency judges fitted on the reference (tasks.fluency.fit_with_cutoffs: cut-offs from held-out
+    folds); returns the model, the report rows (held-out reference, junk and crawl scores with the
+    cut-off) and the old-and-new rows."""
+    from quipu.tasks.fluency import FluencyFilter, fit_with_cutoffs, judge_scores, load_model
+    try:
+        model, held = fit_with_cutoffs(lang, ref_texts, provenance=f"fitted by quipu calibrate on {len(ref_texts)} "
+                                                                   f"{lang} reference documents")
+    except ValueError as e:
+        raise CalibrateError(f"--fluency-model: {e}") from None
+    stage = FluencyFilter(config.fluency)
+    old_path = Path(stage.model_path(lang))
+    old_model = load_model(str(old_path)) if old_path.is_file() else None
+    junk = judge_scores(model, junk_texts) if junk_texts else None
+    crawl = judge_scores(model, crawl_texts) if crawl_texts else None
+    rows, sides = [], []
+    for key in ("word_order", "burstiness"):
+        cut = model.cutoffs[key]
+        rows.append(cal.score_row(f"fluency.min_{key}", f"fluency_{key} (reference: held-out folds)", cut,
+                                  held["reference"][key], junk and junk[key], crawl and crawl[key]))
+        how = ("percentile 1.5 of the held-out reference" if key == "burstiness" else
+               "halfway between the held-out reference's percentile 1.5 and its spun copies' 95th")
+        sides.append({"rule": f"fluency.min_{key}", "new": cut, "clipped": False, "how": how,
+                      "old": stage.cutoff(old_model, key, lang) if old_model is not None else None})
+    return model, rows, sides
+
+
+def apply_fluency(raw: dict, lang: str, cutoffs: dict, model_path: str, docs: int) -> tuple[dict, dict]:
+    """`raw` with the fluency stage on for `lang`, its model and its two cut-offs; a comment on each."""
+    import copy
+    raw = copy.deepcopy(raw)
+    block = raw.get("fluency") or {}
+    raw["fluency"] = block
+    block["enabled"] = True
+    block["languages"] = sorted(set(block.get("languages") or ["en", "es", "pt"]) | {lang})
+    block["model_paths"] = {**(block.get("model_paths") or {}), lang: model_path}
+    comments = {("fluency", "model_paths", lang): f"fitted by quipu calibrate on {docs} {lang} reference docs"}
+    for key, value in cutoffs.items():
+        current = block.get(f"min_{key}")
+        per_lang = dict(current) if isinstance(current, dict) else {"default": current}
+        per_lang[lang] = value
+        block[f"min_{key}"] = per_lang
+        comments[("fluency", f"min_{key}", lang)] = (
+            f"{key} cut-off from held-out folds of {docs} {lang} reference docs (quipu.tasks.fluency.fit_with_cutoffs)")
+    return raw, comments
+
+
 def run_calibration(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
                     keep: float = 0.97, output: str | None = None, check: bool = False,
                     report_path: str | None = None, crawl: list[str] | None = None,
-                    lid_tau: tuple[float, str] | None = None, replace: bool = False) -> dict:
+                    lid_tau: tuple[float, str] | None = None, replace: bool = False,
+                    fluency_model: str | None = None) -> dict:
     """Calibrate (or only check) `lang`'s thresholds; writes the config (unless check) and the report.
     The report holds the config's old values beside the new ones; a config calibrated on more reference
     documents than this reference has is not replaced unless `replace` (the report is written either way)."""
@@ -242,7 +291,7 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
     ref_texts = read_reference(config, reference, lang)
     heur = config.heuristics.model_copy(update={"compat": "quipu"})
     junk_texts = read_texts(junk) if junk else None
-    crawl_lid = None
+    crawl_lid, crawl_texts = None, None
     if crawl:
         crawl_texts = read_texts(crawl)
         if not crawl_texts:
@@ -258,15 +307,22 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
         except cal.CalibrationError as e:
             raise CalibrateError(str(e)) from None
         rows = cal.side_by_side(values, heur, config.langid, lang)
+        fluency = None
+        if fluency_model:
+            model, fluency_rows, sides = fit_fluency(config, lang, ref_texts, junk_texts, crawl_texts)
+            rows += sides
+            fluency = (model, fluency_model)
         earlier = earlier_calibration(config_path, lang)
         comparison = {"rows": rows, **cal.moved(rows), "earlier_reference_docs": earlier,
                       "reference_docs": len(ref_texts),
                       "written": replace or earlier is None or earlier <= len(ref_texts)}
         if comparison["written"]:
-            written = write_calibrated(config_path, raw, lang, values, keep, ref_texts, reference, output)
+            written = write_calibrated(config_path, raw, lang, values, keep, ref_texts, reference, output, fluency)
             config = load_config(CurateConfig, written)
             heur = config.heuristics
     evaluation = cal.evaluate(ref, junk_m, heur, config.langid)
+    if fluency_model and not check:
+        evaluation["rules"] += fluency_rows
     if crawl_lid is not None:
         evaluation["rules"][0]["crawl_hist"] = cal.crawl_hist(evaluation["rules"][0], crawl_lid, lang)
     report = {"config": written or config_path, "mode": "check" if check else "calibrate", "keep": keep,
@@ -287,11 +343,18 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
 
 
 def write_calibrated(config_path: str, raw: dict, lang: str, values: dict, keep: float, ref_texts: list[str],
-                     reference: list[str], output: str) -> str:
+                     reference: list[str], output: str, fluency: tuple | None = None) -> str:
     """The calibrated config at `output`, every calibrated value with its comment; checked to read back."""
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
     new_raw, comments = cal.apply(raw, lang, values)
+    if fluency is not None:
+        model, model_path = fluency
+        Path(model_path).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(Path(model_path), (json.dumps(model.data, ensure_ascii=False, sort_keys=True,
+                                                         separators=(",", ":")) + "\n").encode())
+        new_raw, more = apply_fluency(new_raw, lang, model.cutoffs, model_path, len(ref_texts))
+        comments.update(more)
     comments = {**read_comments(config_path), **comments}   # earlier languages' notes stay
     load_config(CurateConfig, data=new_raw)                 # what is written must load
     earlier = [line[2:] for line in Path(config_path).read_text(encoding="utf-8").splitlines()
@@ -312,7 +375,8 @@ def write_calibrated(config_path: str, raw: dict, lang: str, values: dict, keep:
 def calibrate_flow_fn(config_path: str, reference: list[str], lang: str, junk: list[str] | None = None,
                       keep: float = 0.97, output: str | None = None, check: bool = False,
                       report_path: str | None = None, crawl: list[str] | None = None,
-                      lid_tau: tuple[float, str] | None = None, replace: bool = False) -> dict:
+                      lid_tau: tuple[float, str] | None = None, replace: bool = False,
+                      fluency_model: str | None = None) -> dict:
     """The calibration as a Prefect flow run, with the report as the artifact `calibration-<lang>`."""
     from prefect import flow
     from prefect.artifacts import create_markdown_artifact
@@ -320,7 +384,7 @@ def calibrate_flow_fn(config_path: str, reference: list[str], lang: str, junk: l
     @flow(name="calibrate", log_prints=False)
     def calibrate_flow() -> dict:
         report = run_calibration(config_path, reference, lang, junk, keep, output, check, report_path, crawl,
-                                 lid_tau, replace)
+                                 lid_tau, replace, fluency_model)
         create_markdown_artifact(key=f"calibration-{lang}", markdown=report_markdown(report),
                                  description=f"quipu calibrate: per-rule cut-offs for {lang}, reference and junk removed")
         return report
@@ -344,7 +408,7 @@ def parse_lid_tau(text: str | None) -> tuple[float, str] | None:
 def cmd_calibrate(args) -> int:
     kwargs = dict(config_path=args.config, reference=args.reference, lang=args.lang, junk=args.junk, keep=args.keep,
                   output=args.output, check=args.check, report_path=args.report, crawl=args.crawl,
-                  lid_tau=parse_lid_tau(args.lid_tau), replace=args.replace)
+                  lid_tau=parse_lid_tau(args.lid_tau), replace=args.replace, fluency_model=args.fluency_model)
     report = calibrate_flow_fn(**kwargs) if args.flow else run_calibration(**kwargs)
     ev = report["languages"][args.lang]
     if report["mode"] == "calibrate":
@@ -377,6 +441,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                     "over its documents in --lang, as FineWeb-2 does, not over the reference")
     p.add_argument("--lid-tau", help="VALUE=WHERE: LID tau computed FineWeb-2's way over a crawl you cannot sample here, "
                                       "and where it comes from (e.g. '0.799=FineWeb-2's Portuguese crawl (published)')")
+    p.add_argument("--fluency-model", help="also fit the fluency judges (word order, burstiness) on the reference: "
+                                            "the model is written to this path and the config's fluency stage uses it")
     p.add_argument("--replace", action="store_true", help="write even when CONFIG's thresholds for --lang were "
                                                           "calibrated on more reference documents than this reference has")
     p.add_argument("--keep", type=float, default=0.97, help="share of the reference that must pass every rule together (default 0.97)")

@@ -423,3 +423,21 @@ def moved(rows: list[dict]) -> dict:
     changed = [r["rule"] for r in rows if r["old"] is None or abs(float(r["new"]) - float(r["old"])) > 1e-9]
     return {"changed": changed, "inside_range": [r["rule"] for r in heuristic if not r["clipped"]],
             "clipped": [r["rule"] for r in heuristic if r["clipped"]]}
+
+
+def score_row(rule: str, statistic: str, threshold: float, reference: list[float], junk: list[float] | None = None,
+              crawl: list[float] | None = None) -> dict:
+    """A report row for a judge's score (documents below `threshold` removed): histograms of the
+    reference, junk and crawl scores on shared bins, and the share of each the cut-off removes."""
+    parts = {"reference": np.array(reference, float), "junk": np.array(junk or [], float), "crawl": np.array(crawl or [], float)}
+    both = np.concatenate(list(parts.values()))
+    lo, hi = (float(np.quantile(both, 0.005)), float(np.quantile(both, 0.995))) if len(both) else (0.0, 1.0)
+    lo, hi = min(lo, threshold), max(hi, threshold)
+    hi = hi if hi > lo else lo + 1.0
+    row = {"rule": rule, "statistic": statistic, "kind": "min", "threshold": threshold, "calibrated": True,
+           "clipped": False, "range": [lo, hi]}
+    for name, values in parts.items():
+        if name == "reference" or len(values):
+            row[f"{name}_hist"] = _hist(values, lo, hi)
+            row[f"{name}_removed"] = round(float((values < threshold).mean()), 4) if len(values) else 0.0
+    return row

@@ -145,10 +145,19 @@ def test_calibrate_is_deterministic_and_its_report_agrees_with_the_stage(tmp_pat
     demo = str(ROOT / "configs" / "curate" / "demo.yaml")
     outs = []
     out = tmp_path / "run0" / "en.yaml"
+    model = tmp_path / "run0" / "fluency-en.json"
     for _ in range(2):
-        report = run_calibration(demo, [str(ref)], "en", [str(junk)], keep=0.97, output=str(out))
-        outs.append((out.read_bytes(), open(report["files"]["json"], "rb").read()))
+        report = run_calibration(demo, [str(ref)], "en", [str(junk)], keep=0.97, output=str(out), fluency_model=str(model))
+        outs.append((out.read_bytes(), open(report["files"]["json"], "rb").read(), model.read_bytes(),
+                     open(report["files"]["html"], "rb").read()))
     assert outs[0] == outs[1]
+    # the fluency judges were fitted too: model, cut-offs with their comments, histograms in the report
+    config = load_config(CurateConfig, out)
+    assert config.fluency.enabled and config.fluency.model_paths["en"] == str(model)
+    assert isinstance(config.fluency.min_burstiness["en"], float) and isinstance(config.fluency.min_word_order["en"], float)
+    assert "cut-off from held-out folds of 86 en reference docs" in outs[0][0].decode()
+    rows = {r["rule"]: r for r in json.loads(outs[0][1])["languages"]["en"]["rules"]}
+    assert sum(rows["fluency.min_burstiness"]["reference_hist"]) > 20 and "junk_hist" in rows["fluency.min_word_order"]
     text = outs[0][0].decode()
     calibrated = [line for line in text.splitlines() if re.match(r"^\s+en: ", line)]
     assert len(calibrated) >= 15 and all("reference docs" in line or "n=" in line for line in calibrated)
