@@ -268,6 +268,9 @@ def test_calibrate_takes_lid_tau_from_the_crawl_sample(tmp_path):
     config = load_config(CurateConfig, out)
     assert config.langid.min_score["en"] == pytest.approx(expected) and expected < 0.9
     assert "of the crawl sample (FineWeb-2)" in out.read_text()
+    # the report card draws the crawl sample's LID scores beside the reference's, on the same bins
+    lid_row = json.loads((tmp_path / "en.calibration.json").read_text())["languages"]["en"]["rules"][0]
+    assert lid_row["rule"] == "langid.min_score" and sum(lid_row["crawl_hist"]) == sum(l == "en" for l in labels)
 
 
 def test_a_reference_that_moves_nothing_says_so_and_clipped_values_are_marked():
