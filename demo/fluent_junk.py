@@ -12,33 +12,10 @@ the very documents it is mixed with copies them). Deterministic for a seed.
 from __future__ import annotations
 
 import random
-import re
 
-from quipu.tasks.fluency import NgramGenerator
+from quipu.tasks.fluency import NgramGenerator, sentences, spin  # noqa: F401  (spin: one of the kinds)
 
 KINDS = ("spun", "generated", "doorway")
-
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def sentences(text: str) -> list[str]:
-    return [s for s in SENTENCE_END.split(" ".join(text.split())) if s]
-
-
-def spin(text: str, rng: random.Random) -> str:
-    """Each sentence's words shuffled; its final punctuation stays at the end, its capital at the start."""
-    out = []
-    for s in sentences(text):
-        words = s.split()
-        end = ""
-        if words and words[-1][-1:] in ".!?":
-            end, words[-1] = words[-1][-1], words[-1][:-1]
-        rng.shuffle(words)
-        if words:
-            words[0] = words[0][:1].upper() + words[0][1:]
-        out.append(" ".join(w for w in words if w) + end)
-    return " ".join(out)
-
 
 DOORWAY = {
     "en": {"kw": ["plumber", "dentist", "car insurance", "cheap flights", "personal loans", "lawyer", "locksmith",

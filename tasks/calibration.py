@@ -228,11 +228,14 @@ def lid_tau(scores: np.ndarray) -> float:
 
 
 def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: float,
-              crawl_lid: tuple[list[str], np.ndarray] | None = None) -> dict[str, dict]:
+              crawl_lid: tuple[list[str], np.ndarray] | None = None,
+              lid_tau_given: tuple[float, str] | None = None) -> dict[str, dict]:
     """New thresholds for `m.lang`: {rule key: {"rule", "value", "percentile", "reference_docs"}}.
     With `crawl_lid` (top labels and `m.lang` scores of a sample of the user's crawl), the LID
     threshold is FineWeb-2's: computed over the crawl documents labelled `m.lang`, not the reference
-    (clean reference text puts every language at the 0.9 cap, which loses real prose)."""
+    (clean reference text puts every language at the 0.9 cap, which loses real prose). `lid_tau_given`
+    (value, where it comes from) sets tau outright: one computed the same way over a crawl the user
+    cannot sample here (FineWeb-2 publishes its per-language values)."""
     is_lang = np.array([x == m.lang for x in m.lid_labels])
     tau = lid_tau(m.stats["lang_score"][is_lang])
     out = {LID.key: {"rule": LID, "value": round(tau, 3), "percentile": None, "reference_docs": int(is_lang.sum()),
@@ -245,6 +248,10 @@ def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: f
         out[LID.key] = {"rule": LID, "value": round(tau, 3), "percentile": None,
                         "reference_docs": int(crawl_is_lang.sum()),
                         "how": "max(0.3, min(0.9, median - sigma)) of the LID scores of the crawl sample (FineWeb-2)"}
+    if lid_tau_given is not None:
+        tau, source = lid_tau_given
+        out[LID.key] = {"rule": LID, "value": round(float(tau), 3), "percentile": None, "reference_docs": 0,
+                        "how": f"max(0.3, min(0.9, median - sigma)) of the LID scores over {source}", "given": True}
     fixed = np.ones(m.docs, bool)            # the length rules, applied as configured
     tunable = []
     for rule in RULES:
@@ -324,8 +331,8 @@ def apply(raw: dict, lang: str, calibrated: dict[str, dict]) -> tuple[dict, dict
         per_lang[lang] = int(value) if rule.integer else value
         block[rule.param] = per_lang
         path = (("langid",) if rule.filter == "langid" else ("heuristics", rule.filter)) + (rule.param, lang)
-        note = (f"{item['how']}, {item['reference_docs']} {lang} reference docs" if rule.n is None
-                else None)
+        note = (item["how"] if item.get("given") else f"{item['how']}, {item['reference_docs']} {lang} reference docs"
+                if rule.n is None else None)
         if rule.n is not None:
             notes = comments.get(path, "")
             note = (notes + "; " if notes else "") + f"n={rule.n}: {item['how']}"
@@ -379,8 +386,58 @@ def _row(rule: Rule, thr, ref: Measured, junk: Measured | None, r_ok: np.ndarray
     hi = hi if hi > lo else lo + 1.0
     row = {"rule": rule.key, "statistic": rule.stat, "kind": rule.kind, "threshold": thr,
            "calibrated": rule.bounds is not None, "range": [lo, hi],
+           "clipped": bool(rule.bounds is not None and rule is not LID and thr is not None and thr in rule.bounds),
            "reference_hist": _hist(rv, lo, hi), "reference_removed": round(1 - float(r_ok.mean()), 4) if len(r_ok) else 0.0}
     if jv is not None and j_ok is not None:
         row["junk_hist"] = _hist(jv, lo, hi)
         row["junk_removed"] = round(1 - float(j_ok.mean()), 4) if len(j_ok) else 0.0
+    return row
+
+
+def crawl_hist(row: dict, crawl_lid: tuple[list[str], np.ndarray], lang: str) -> list[int]:
+    """The crawl sample's LID scores (documents labelled `lang`) on the LID row's histogram bins."""
+    scores = np.array([s for label, s in zip(*crawl_lid) if label == lang], float)
+    return _hist(scores, *row["range"])
+
+
+# ---- old and new side by side --------------------------------------------------------------------
+
+def side_by_side(calibrated: dict[str, dict], heur: HeuristicsConfig, langid: LangIdConfig, lang: str) -> list[dict]:
+    """Per calibrated threshold: the value the config holds now (`old`), the new one, whether the new
+    one sits at an end of the rule's plausible range (`clipped`: the reference alone would have gone
+    further, so the range, not the reference, set it) and how it was derived."""
+    rows = []
+    for key, item in calibrated.items():
+        rule: Rule = item["rule"]
+        new = item["value"]
+        clipped = bool(rule.bounds is not None and rule.filter != "langid" and new in rule.bounds)
+        rows.append({"rule": key, "old": threshold_of(rule, heur, langid, lang), "new": new,
+                     "clipped": clipped, "how": item["how"]})
+    return rows
+
+
+def moved(rows: list[dict]) -> dict:
+    """What the reference changed: thresholds whose value differs from the config's, and thresholds the
+    reference set inside their plausible range (the rest sit at a clip bound)."""
+    heuristic = [r for r in rows if not r["rule"].startswith("langid.")]
+    changed = [r["rule"] for r in rows if r["old"] is None or abs(float(r["new"]) - float(r["old"])) > 1e-9]
+    return {"changed": changed, "inside_range": [r["rule"] for r in heuristic if not r["clipped"]],
+            "clipped": [r["rule"] for r in heuristic if r["clipped"]]}
+
+
+def score_row(rule: str, statistic: str, threshold: float, reference: list[float], junk: list[float] | None = None,
+              crawl: list[float] | None = None) -> dict:
+    """A report row for a judge's score (documents below `threshold` removed): histograms of the
+    reference, junk and crawl scores on shared bins, and the share of each the cut-off removes."""
+    parts = {"reference": np.array(reference, float), "junk": np.array(junk or [], float), "crawl": np.array(crawl or [], float)}
+    both = np.concatenate(list(parts.values()))
+    lo, hi = (float(np.quantile(both, 0.005)), float(np.quantile(both, 0.995))) if len(both) else (0.0, 1.0)
+    lo, hi = min(lo, threshold), max(hi, threshold)
+    hi = hi if hi > lo else lo + 1.0
+    row = {"rule": rule, "statistic": statistic, "kind": "min", "threshold": threshold, "calibrated": True,
+           "clipped": False, "range": [lo, hi]}
+    for name, values in parts.items():
+        if name == "reference" or len(values):
+            row[f"{name}_hist"] = _hist(values, lo, hi)
+            row[f"{name}_removed"] = round(float((values < threshold).mean()), 4) if len(values) else 0.0
     return row

@@ -145,10 +145,19 @@ def test_calibrate_is_deterministic_and_its_report_agrees_with_the_stage(tmp_pat
     demo = str(ROOT / "configs" / "curate" / "demo.yaml")
     outs = []
     out = tmp_path / "run0" / "en.yaml"
+    model = tmp_path / "run0" / "fluency-en.json"
     for _ in range(2):
-        report = run_calibration(demo, [str(ref)], "en", [str(junk)], keep=0.97, output=str(out))
-        outs.append((out.read_bytes(), open(report["files"]["json"], "rb").read()))
+        report = run_calibration(demo, [str(ref)], "en", [str(junk)], keep=0.97, output=str(out), fluency_model=str(model))
+        outs.append((out.read_bytes(), open(report["files"]["json"], "rb").read(), model.read_bytes(),
+                     open(report["files"]["html"], "rb").read()))
     assert outs[0] == outs[1]
+    # the fluency judges were fitted too: model, cut-offs with their comments, histograms in the report
+    config = load_config(CurateConfig, out)
+    assert config.fluency.enabled and config.fluency.model_paths["en"] == str(model)
+    assert isinstance(config.fluency.min_burstiness["en"], float) and isinstance(config.fluency.min_word_order["en"], float)
+    assert "cut-off from held-out folds of 86 en reference docs" in outs[0][0].decode()
+    rows = {r["rule"]: r for r in json.loads(outs[0][1])["languages"]["en"]["rules"]}
+    assert sum(rows["fluency.min_burstiness"]["reference_hist"]) > 20 and "junk_hist" in rows["fluency.min_word_order"]
     text = outs[0][0].decode()
     calibrated = [line for line in text.splitlines() if re.match(r"^\s+en: ", line)]
     assert len(calibrated) >= 15 and all("reference docs" in line or "n=" in line for line in calibrated)
@@ -259,3 +268,64 @@ def test_calibrate_takes_lid_tau_from_the_crawl_sample(tmp_path):
     config = load_config(CurateConfig, out)
     assert config.langid.min_score["en"] == pytest.approx(expected) and expected < 0.9
     assert "of the crawl sample (FineWeb-2)" in out.read_text()
+    # the report card draws the crawl sample's LID scores beside the reference's, on the same bins
+    lid_row = json.loads((tmp_path / "en.calibration.json").read_text())["languages"]["en"]["rules"][0]
+    assert lid_row["rule"] == "langid.min_score" and sum(lid_row["crawl_hist"]) == sum(l == "en" for l in labels)
+
+
+def test_a_reference_that_moves_nothing_says_so_and_clipped_values_are_marked():
+    """The old and new values side by side: a new value at an end of its rule's plausible range is
+    marked clipped, and a reference that set no threshold inside its range is told so in one line."""
+    from quipu.flows.calibrate import comparison_html, moved_sentence
+    from quipu.flows.curate import CurateConfig
+    from quipu.tasks import calibration as cal
+    config = load_config(CurateConfig, DEFAULT)
+    rules = {r.key: r for r in cal.RULES if r.bounds is not None}
+    at_bound = {key: {"rule": r, "value": r.bounds[0], "how": "p"} for key, r in rules.items()}
+    rows = cal.side_by_side(at_bound, config.heuristics, config.langid, "es")
+    assert all(r["clipped"] for r in rows)
+    assert [r["old"] for r in rows if r["rule"] == "gopher_quality.max_symbol_word_ratio"] == [0.1141]   # the shipped es value
+    summary = {"rows": rows, **cal.moved(rows), "earlier_reference_docs": 661, "reference_docs": 54, "written": False}
+    line = moved_sentence(summary)
+    assert "moved no heuristic threshold" in line and "661" in line and "NOT written" in line and "\n" not in line
+    inside = dict(at_bound, **{"gopher_quality.max_symbol_word_ratio": {
+        "rule": rules["gopher_quality.max_symbol_word_ratio"], "value": 0.15, "how": "p"}})
+    rows = cal.side_by_side(inside, config.heuristics, config.langid, "es")
+    summary = {"rows": rows, **cal.moved(rows), "earlier_reference_docs": None, "reference_docs": 54, "written": True}
+    assert summary["inside_range"] == ["gopher_quality.max_symbol_word_ratio"]
+    assert "moved no" not in moved_sentence(summary) and "1 heuristic threshold(s) set inside" in moved_sentence(summary)
+    html = "".join(comparison_html(summary))
+    assert html.count("<td class=\"\">clipped</td>") == len(rows) - 1
+
+
+def test_calibrate_never_silently_replaces_a_calibration_made_on_more_documents(tmp_path):
+    """The shipped default's en thresholds come from 768 documents: 60 do not replace them without
+    --replace (one line naming the flag; the side-by-side report is still written); with it, they do."""
+    from quipu.flows.calibrate import CalibrateError, run_calibration
+    from quipu.flows.curate import CurateConfig
+    ref = _english_reference(tmp_path, n=60)
+    out = tmp_path / "en.yaml"
+    with pytest.raises(CalibrateError) as e:
+        run_calibration(str(DEFAULT), [str(ref)], "en", output=str(out), report_path=str(tmp_path / "r"))
+    assert "768" in str(e.value) and "--replace" in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+    report = json.loads((tmp_path / "r.calibration.json").read_text())
+    comparison = report["comparison"]
+    assert comparison["written"] is False and comparison["earlier_reference_docs"] == 768
+    old = {r["rule"]: r["old"] for r in comparison["rows"]}
+    assert old["langid.min_score"] == 0.9 and old["c4.min_num_sentences"] == 2     # the shipped en values
+    assert "Old and new" in (tmp_path / "r.calibration.html").read_text()
+    run_calibration(str(DEFAULT), [str(ref)], "en", output=str(out), replace=True, lid_tau=(0.8, "a crawl"))
+    text = out.read_text()
+    assert "# calibrated en: --keep 0.97, 60 reference documents" in text
+    assert load_config(CurateConfig, out).langid.min_score["en"] == 0.8
+    assert "LID scores over a crawl" in text
+
+
+def test_the_shipped_pt_lid_tau_is_what_the_documented_command_writes():
+    """configs/curate/default.yaml is built by bench/calibrate_default.py: its pt tau is the one that
+    script passes (FineWeb-2's, computed over its Portuguese crawl), comment included."""
+    from bench.calibrate_default import PUBLISHED_TAU
+    tau, source = PUBLISHED_TAU["pt"]
+    line = [line for line in DEFAULT.read_text().splitlines() if line.startswith("    pt: ") and "LID scores" in line]
+    assert line == [f"    pt: {tau:g}   # max(0.3, min(0.9, median - sigma)) of the LID scores over {source}"]

@@ -81,3 +81,21 @@ def test_fluent_junk_generator_is_deterministic():
     texts = english_prose(60)
     assert fluent_junk("en", texts, 12, seed=4) == fluent_junk("en", texts, 12, seed=4)
     assert {d["kind"] for d in fluent_junk("en", texts, 12, seed=4)} == {"spun", "generated", "doorway"}
+
+
+def test_cutoffs_come_from_held_out_folds_and_too_little_reference_is_one_line():
+    """fit_with_cutoffs (what `quipu calibrate --fluency-model` runs): the burstiness cut-off is the
+    1.5th percentile of scores by models that did not see the scored documents, word order halfway
+    between held-out prose's 1.5th percentile and its spun copies' 95th; a reference with too few long documents is refused in one line."""
+    from quipu.tasks.fluency import fit_with_cutoffs, percentile
+    texts = english_prose(60)
+    model, held = fit_with_cutoffs("en", texts)
+    assert model.cutoffs["burstiness"] == round(percentile(held["reference"]["burstiness"], 1.5), 3)
+    low, spun = percentile(held["reference"]["word_order"], 1.5), percentile(held["spun"], 95)
+    assert model.cutoffs["word_order"] == round((low + spun) / 2, 3)
+    assert len(held["reference"]["burstiness"]) == len(held["spun"]) == len(texts)   # every document scored once, held out
+    own = FluencyModel.fit("en", texts)      # the model scores its own text more kindly than held-out folds do
+    assert sorted(own.burstiness(t) for t in texts)[1] > model.cutoffs["burstiness"]
+    with pytest.raises(ValueError, match="too few") as e:
+        fit_with_cutoffs("en", texts[:12])
+    assert "\n" not in str(e.value)
