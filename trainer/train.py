@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import atomic_path, sha256_json, write_json_atomic
-from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_sharded,
+from quipu.trainer.checkpoint import (CheckpointConfig, ShardedSave, latest_checkpoint, load_checkpoint, load_one_file, load_sharded,
                                      read_trainer_state, remove_partial_saves, save_checkpoint, set_rng_state,
                                      sharded_wanted)
 from quipu.trainer.bpb import TaskFile
@@ -481,13 +481,7 @@ class Trainer:
         else:
             ck = load_checkpoint(path)
             self._check_model_config(ck)
-            if self.dist.enabled and self.cfg.distributed.strategy == "fsdp":
-                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-                set_state_dict(self.raw_model, self.optimizer, model_state_dict=ck["model"], optim_state_dict=ck["optimizer"],
-                               options=StateDictOptions(full_state_dict=True))
-            else:
-                self.raw_model.load_state_dict(ck["model"])
-                self.optimizer.load_state_dict(ck["optimizer"])
+            load_one_file(ck, self.raw_model, self.optimizer, fsdp=self.dist.enabled and self.cfg.distributed.strategy == "fsdp")
         t = ck["trainer"]
         self.step, self.lr_scale, self.skip_steps = ck["step"], t["lr_scale"], t["skip_steps"]
         self.rollbacks = t.get("rollbacks", 0)
