@@ -12,6 +12,10 @@ its peak memory is its own (peak RSS on CPU; peak allocated GPU memory on CUDA):
 checkpointing per block, torch.compile, both; tokens/s and peak memory per option.
 
     .venv/bin/python bench/train_throughput.py --options [--device cuda --bf16] [--steps 3]
+
+`--profile`: after the timed rounds, one step of each model under torch.profiler, its CPU time split
+into matmuls (linear layers and the LM head), attention, loss, optimizer, norms/rotary/activations
+and the rest, so the ratio can be read against where each step's time goes.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ def one_option(args) -> dict:
                       max_seq_len=args.seq, tie_embeddings=True)
     model = Llama(cfg).to(dev)
     model.activation_checkpointing = opt.get("ac", False)
-    from quipu.trainer.train import OptimConfig, make_optimizer
+    from quipu.trainer.build import make_optimizer
+    from quipu.trainer.train_config import OptimConfig
     optim = make_optimizer(model, OptimConfig(), dev)
     fwd = torch.compile(model) if opt.get("compile") else model
     x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=dev)
@@ -75,6 +80,45 @@ def one_option(args) -> dict:
     return {"option": args.only, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
             "params": model.num_params(), "seq": args.seq, "batch": args.batch, "bf16": args.bf16,
             "tokens_per_s": round(args.steps * args.batch * args.seq / dt, 1), "peak_mib": round(peak / 2**20, 1)}
+
+
+CATEGORIES = (   # torch.profiler op name -> share of the step (first match wins)
+    ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "attention")),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("optimizer", ("adam", "_foreach", "clip_grad", "norm_", "_fused")),
+    ("matmul", ("mm", "addmm", "bmm", "matmul", "linear")),
+    ("embedding", ("embedding",)),
+    ("elementwise: norms, rotary, SiLU", ("rsqrt", "pow", "mean", "silu", "mul", "add", "cat", "neg", "index", "sum", "div")),
+)
+
+
+def category(op: str) -> str:
+    name = op.lower().removeprefix("aten::")
+    for cat, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return cat
+    return "other (copies, views, allocation)"
+
+
+def profile_step(step) -> dict[str, float]:
+    """Seconds of self CPU time per category in one `step()` (leaf ops only: no double counting)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        out[category(ev.key)] = out.get(category(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
+    return out
+
+
+def print_profile(profiles: dict[str, dict[str, float]]) -> None:
+    cats = sorted({c for p in profiles.values() for c in p}, key=lambda c: -profiles["hf"].get(c, 0))
+    total = {k: sum(p.values()) for k, p in profiles.items()}
+    print(f"\n{'one step, self CPU time':<34} {'ours s':>8} {'share':>6} {'HF s':>8} {'share':>6} {'HF - ours':>9}")
+    for c in cats:
+        o, h = profiles["ours"].get(c, 0.0), profiles["hf"].get(c, 0.0)
+        print(f"{c:<34} {o:>8.3f} {o / total['ours']:>6.1%} {h:>8.3f} {h / total['hf']:>6.1%} {h - o:>+9.3f}")
+    print(f"{'total':<34} {total['ours']:>8.3f} {'':>6} {total['hf']:>8.3f} {'':>6} {total['hf'] - total['ours']:>+9.3f}")
 
 
 def all_options(args) -> int:
@@ -116,6 +160,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="torch.compile our model (trainer's train.compile)")
     ap.add_argument("--packed", action="store_true", help="ours with 4 documents per row (block-diagonal mask)")
+    ap.add_argument("--profile", action="store_true", help="then one step of each under torch.profiler, by category")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.only:
@@ -145,7 +190,8 @@ def main() -> int:
         pos = (torch.arange(L) % (L // 4)).expand(args.batch, L).contiguous()
 
     # the trainer's optimizer (fused AdamW, no decay on norms); HF with torch's default AdamW
-    from quipu.trainer.train import OptimConfig, make_optimizer
+    from quipu.trainer.build import make_optimizer
+    from quipu.trainer.train_config import OptimConfig
     opt_ours = make_optimizer(ours, OptimConfig(), torch.device("cpu"))
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
     fwd = torch.compile(ours) if args.compile else ours
@@ -184,6 +230,8 @@ def main() -> int:
               "hf_tokens_per_s": round(med["hf"], 1), "speedup": round(med["ours"] / med["hf"], 3),
               "rounds": args.rounds, "steps_per_round": args.steps}
     print(json.dumps(result))
+    if args.profile:
+        print_profile({"ours": profile_step(step_ours), "hf": profile_step(step_hf)})
     return 0
 
 

@@ -118,3 +118,28 @@ def test_optimizer_state_converts_between_index_and_name_keys(prepared, tmp_path
     other = Llama(ModelConfig(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16))
     with pytest.raises(CheckpointMismatch, match="optimizer"):
         optimizer_state_by_name(sd, other, make_optimizer(other, OptimConfig(), torch.device("cpu")))
+
+
+def test_train_config_errors_name_the_key_and_what_was_expected(prepared, tmp_path):
+    """What only the data, the run folder or a checkpoint can show is one line, `key: expected ...,
+    got ...`, raised before any step; resuming with another model names the keys that differ."""
+    from quipu.trainer.train import Trainer
+    from quipu.trainer.train_config import TrainConfigError
+
+    def error(run, resume=False, **over) -> TrainConfigError:
+        with pytest.raises(TrainConfigError) as e:
+            Trainer(load_config(TrainConfig, data=base_config(run, **OVER, **over)), run, resume=resume)
+        assert "\n" not in str(e.value)
+        return e.value
+
+    run = new_run(prepared, tmp_path, "errors")
+    e = error(run, **{"model.vocab_size": 64})
+    assert e.key == "model.vocab_size" and e.got == 64 and str(e).startswith("model.vocab_size: expected a model vocabulary")
+    e = error(run, **{"eval.tasks": [{"path": str(tmp_path / "nowhere.jsonl")}]})
+    assert e.key == "eval.tasks[0]" and "nowhere.jsonl" in str(e)
+    assert not list_checkpoints(run)                                   # nothing trained
+    one_process(run, **{"train.stop_at_step": 3})
+    e = error(run)
+    assert e.key == "output" and "pass --resume" in str(e) and "step-0000003.pt" in str(e)
+    e = error(run, resume=True, **{"model.n_layers": 3})
+    assert e.key == "model" and "model.n_layers 2 (this config 3)" in str(e)
