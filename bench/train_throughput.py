@@ -13,9 +13,10 @@ checkpointing per block, torch.compile, both; tokens/s and peak memory per optio
 
     .venv/bin/python bench/train_throughput.py --options [--device cuda --bf16] [--steps 3]
 
-`--profile`: after the timed rounds, one step of each model under torch.profiler, its CPU time split
-into matmuls (linear layers and the LM head), attention, loss, optimizer, norms/rotary/activations
-and the rest, so the ratio can be read against where each step's time goes.
+`--profile`: after the timed rounds, each model's step split into its parts (forward + loss,
+backward, clipping, optimizer; wall time), and one forward + backward under torch.profiler by op
+category (matmuls: linear layers and the LM head; attention; loss; norms/rotary/activations; the
+rest), so the ratio can be read against where each step's time goes.
 """
 from __future__ import annotations
 
@@ -82,10 +83,9 @@ def one_option(args) -> dict:
             "tokens_per_s": round(args.steps * args.batch * args.seq / dt, 1), "peak_mib": round(peak / 2**20, 1)}
 
 
-CATEGORIES = (   # torch.profiler op name -> share of the step (first match wins)
+CATEGORIES = (   # torch.profiler op name -> category (first match wins)
     ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "attention")),
     ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
-    ("optimizer", ("adam", "_foreach", "clip_grad", "norm_", "_fused")),
     ("matmul", ("mm", "addmm", "bmm", "matmul", "linear")),
     ("embedding", ("embedding",)),
     ("elementwise: norms, rotary, SiLU", ("rsqrt", "pow", "mean", "silu", "mul", "add", "cat", "neg", "index", "sum", "div")),
@@ -100,25 +100,44 @@ def category(op: str) -> str:
     return "other (copies, views, allocation)"
 
 
-def profile_step(step) -> dict[str, float]:
-    """Seconds of self CPU time per category in one `step()` (leaf ops only: no double counting)."""
+def phase_seconds(parts: list[tuple[str, callable]], repeat: int = 2) -> dict[str, float]:
+    """Wall seconds of each part of a step (forward + loss, backward, clip, optimizer), median of `repeat` steps."""
+    times: dict[str, list[float]] = {name: [] for name, _ in parts}
+    for _ in range(repeat):
+        for name, f in parts:
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def op_seconds(forward_backward) -> dict[str, float]:
+    """Seconds of self CPU time per op category in one forward + backward (leaf ops: no double counting)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
+        forward_backward()
     out: dict[str, float] = {}
     for ev in prof.key_averages():
         out[category(ev.key)] = out.get(category(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
     return out
 
 
-def print_profile(profiles: dict[str, dict[str, float]]) -> None:
-    cats = sorted({c for p in profiles.values() for c in p}, key=lambda c: -profiles["hf"].get(c, 0))
-    total = {k: sum(p.values()) for k, p in profiles.items()}
-    print(f"\n{'one step, self CPU time':<34} {'ours s':>8} {'share':>6} {'HF s':>8} {'share':>6} {'HF - ours':>9}")
+def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    cats = sorted({c for p in rows.values() for c in p}, key=lambda c: -rows["hf"].get(c, 0))
+    total = {k: sum(p.values()) for k, p in rows.items()}
+    print(f"\n{title:<34} {'ours s':>8} {'share':>6} {'HF s':>8} {'share':>6} {'HF - ours':>9}")
     for c in cats:
-        o, h = profiles["ours"].get(c, 0.0), profiles["hf"].get(c, 0.0)
+        o, h = rows["ours"].get(c, 0.0), rows["hf"].get(c, 0.0)
         print(f"{c:<34} {o:>8.3f} {o / total['ours']:>6.1%} {h:>8.3f} {h / total['hf']:>6.1%} {h - o:>+9.3f}")
     print(f"{'total':<34} {total['ours']:>8.3f} {'':>6} {total['hf']:>8.3f} {'':>6} {total['hf'] - total['ours']:>+9.3f}")
+
+
+def step_parts(model, optim, forward) -> list[tuple[str, callable]]:
+    """A training step as its parts, run in order: `forward()` returns the mean loss."""
+    held = {}
+    return [("forward + loss", lambda: held.update(loss=forward())), ("backward", lambda: held.pop("loss").backward()),
+            ("clip", lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)),
+            ("optimizer", lambda: (optim.step(), optim.zero_grad(set_to_none=True)))]
 
 
 def all_options(args) -> int:
@@ -196,21 +215,22 @@ def main() -> int:
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
     fwd = torch.compile(ours) if args.compile else ours
 
-    def step_ours():
+    def forward_ours():
         s, n = fwd(inp, pos, seg, targets=tgt)
-        (s / n).backward()
-        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
-        return float(s.detach() / n)
+        return s / n
+
+    def forward_hf():
+        return hf(input_ids=x[:, :-1], labels=x[:, :-1]).loss
+
+    parts = {"ours": step_parts(ours, opt_ours, forward_ours), "hf": step_parts(hf, opt_hf, forward_hf)}
+
+    def step_ours():
+        for _, f in parts["ours"]:
+            f()
 
     def step_hf():
-        out = hf(input_ids=x[:, :-1], labels=x[:, :-1])
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-        opt_hf.step()
-        opt_hf.zero_grad(set_to_none=True)
-        return float(out.loss)
+        for _, f in parts["hf"]:
+            f()
 
     tokens = args.batch * args.seq
     for f in (step_ours, step_hf):   # warm-up (and compilation)
@@ -231,7 +251,9 @@ def main() -> int:
               "rounds": args.rounds, "steps_per_round": args.steps}
     print(json.dumps(result))
     if args.profile:
-        print_profile({"ours": profile_step(step_ours), "hf": profile_step(step_hf)})
+        print_table("one step, wall time", {k: phase_seconds(p) for k, p in parts.items()})
+        print_table("forward + backward, self CPU time", {"ours": op_seconds(lambda: forward_ours().backward()),
+                                                          "hf": op_seconds(lambda: forward_hf().backward())})
     return 0
 
 
