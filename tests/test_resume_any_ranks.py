@@ -98,6 +98,31 @@ def test_one_file_checkpoint_of_fsdp_ranks_resumes_anywhere(prepared, uninterrup
     assert_same_after(ddp, uninterrupted)
 
 
+def _spawned_rank(rank: int, run: str, cfg: dict, init_file: str) -> None:
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        train(load_config(TrainConfig, data=cfg), run, resume=True)
+        assert dist.is_initialized()            # the caller's group is the caller's to destroy
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_spawned_processes_with_their_own_group_resume_a_one_file_checkpoint(prepared, uninterrupted, tmp_path):
+    """No torchrun: 2 processes spawned with their own gloo group (no RANK/WORLD_SIZE in the
+    environment) take rank and world from it, resume a 1-process `.pt` under FSDP2 and save sharded."""
+    import torch.multiprocessing as mp
+    run = new_run(prepared, tmp_path, "spawned")
+    one_process(run, **{"train.stop_at_step": 3})
+    cfg = base_config(run, **OVER, **{"distributed.strategy": "fsdp"})
+    mp.spawn(_spawned_rank, args=(str(run), cfg, str(tmp_path / "pg-init")), nprocs=2, join=True)
+    assert_same_after(run, uninterrupted)
+    ck = list_checkpoints(run)[-1]
+    assert ck.is_dir() and sorted(p.name for p in ck.iterdir()) == ["rng-0.pt", "rng-1.pt", "state", "trainer.pt"]
+
+
 def test_optimizer_state_converts_between_index_and_name_keys(prepared, tmp_path):
     """The unit under the cases above: a one-process optimizer state (keyed by index) re-keyed by
     parameter name and back gives the same tensors, and a state of another model is one line."""

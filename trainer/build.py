@@ -28,7 +28,8 @@ class Dist:
             self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.enabled = self.world > 1
-        if self.enabled and not dist.is_initialized():
+        self.owns_group = self.enabled and not dist.is_initialized()   # a caller's own group is left to it
+        if self.owns_group:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     @property

@@ -343,6 +343,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, on_log=No
         # worker threads (FSDP2 prefetches all-gathers); destroying the group under one of them, or
         # while a peer is still writing the summary, aborted rank 1 about once in a hundred runs.
         trainer.dist.barrier()
-        dist.destroy_process_group()
+        if trainer.dist.owns_group:
+            dist.destroy_process_group()
     return summary
 
