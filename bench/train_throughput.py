@@ -3,7 +3,9 @@ same configuration, measured in the same process, alternating rounds so machine 
 
 A step = forward + loss + backward + gradient clipping + AdamW step, on the same random token
 batch. Default: ~35M parameters (vocab 32,000, dim 512, 6 layers, 8 heads, SwiGLU 1408, tied
-embeddings), seq 256, batch 8, fp32, 2 threads.
+embeddings), seq 256, batch 8, fp32, 2 threads. Ours steps with the trainer's optimizer (fused
+AdamW); HF with its Trainer's default, fused AdamW too (`--hf-optim default`: torch's default
+AdamW, the anchor of RESULTS.md's rows before 2026-11-28).
 
     .venv/bin/python bench/train_throughput.py [--rounds 5] [--steps 3] [--threads 2] [--compile]
 
@@ -179,7 +181,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="torch.compile our model (trainer's train.compile)")
     ap.add_argument("--packed", action="store_true", help="ours with 4 documents per row (block-diagonal mask)")
-    ap.add_argument("--profile", action="store_true", help="then one step of each under torch.profiler, by category")
+    ap.add_argument("--hf-optim", choices=("fused", "default"), default="fused",
+                    help="HF's optimizer: fused AdamW (its Trainer's default with torch >= 2.8) or torch's default AdamW")
+    ap.add_argument("--profile", action="store_true", help="then each step split into parts and ops (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.only:
@@ -208,11 +212,13 @@ def main() -> int:
         seg = (torch.arange(L) // (L // 4)).expand(args.batch, L).contiguous()
         pos = (torch.arange(L) % (L // 4)).expand(args.batch, L).contiguous()
 
-    # the trainer's optimizer (fused AdamW, no decay on norms); HF with torch's default AdamW
+    # the trainer's optimizer (fused AdamW, no decay on norms); HF with what its Trainer uses by default
+    # (`adamw_torch_fused` with torch >= 2.8), or with `--hf-optim default` torch's default AdamW
     from quipu.trainer.build import make_optimizer
     from quipu.trainer.train_config import OptimConfig
     opt_ours = make_optimizer(ours, OptimConfig(), torch.device("cpu"))
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                               fused=args.hf_optim == "fused")
     fwd = torch.compile(ours) if args.compile else ours
 
     def forward_ours():
@@ -246,7 +252,7 @@ def main() -> int:
         print(f"round {r + 1}: ours {rates['ours'][-1]:,.0f} tok/s, HF {rates['hf'][-1]:,.0f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     result = {"params": n_params, "seq": args.seq, "batch": args.batch, "threads": args.threads,
-              "compile": args.compile, "packed": args.packed, "ours_tokens_per_s": round(med["ours"], 1),
+              "compile": args.compile, "packed": args.packed, "hf_optim": args.hf_optim, "ours_tokens_per_s": round(med["ours"], 1),
               "hf_tokens_per_s": round(med["hf"], 1), "speedup": round(med["ours"] / med["hf"], 3),
               "rounds": args.rounds, "steps_per_round": args.steps}
     print(json.dumps(result))
