@@ -9,7 +9,9 @@ atomically every N steps; the last K are kept. Two formats:
   temporary name and renamed by rank 0 once every rank has finished, so a save killed halfway
   leaves the previous checkpoint the newest; the half-written folder is removed on the next start.
   DCP reshards on load: a checkpoint saved by N ranks resumes on M (one process included), since
-  it is addressed by parameter name and global offsets, not by rank.
+  it is addressed by parameter name and global offsets, not by rank. A one-file checkpoint resumes
+  on any number of ranks too (`load_one_file`): its optimizer state is re-keyed between parameter
+  index (one process, DDP) and parameter name (FSDP2) to what the new run takes.
 
 Resuming loads the newest one and continues exactly: the data stream is indexed by step (see
 trainer.data), so the step and the skip offset are the data position. Both formats load without
