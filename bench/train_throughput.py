@@ -3,7 +3,9 @@ same configuration, measured in the same process, alternating rounds so machine 
 
 A step = forward + loss + backward + gradient clipping + AdamW step, on the same random token
 batch. Default: ~35M parameters (vocab 32,000, dim 512, 6 layers, 8 heads, SwiGLU 1408, tied
-embeddings), seq 256, batch 8, fp32, 2 threads.
+embeddings), seq 256, batch 8, fp32, 2 threads. Ours steps with the trainer's optimizer (fused
+AdamW); HF with its Trainer's default, fused AdamW too (`--hf-optim default`: torch's default
+AdamW, the anchor of RESULTS.md's rows before 2026-11-28).
 
     .venv/bin/python bench/train_throughput.py [--rounds 5] [--steps 3] [--threads 2] [--compile]
 
@@ -12,6 +14,11 @@ its peak memory is its own (peak RSS on CPU; peak allocated GPU memory on CUDA):
 checkpointing per block, torch.compile, both; tokens/s and peak memory per option.
 
     .venv/bin/python bench/train_throughput.py --options [--device cuda --bf16] [--steps 3]
+
+`--profile`: after the timed rounds, each model's step split into its parts (forward + loss,
+backward, clipping, optimizer; wall time), and one forward + backward under torch.profiler by op
+category (matmuls: linear layers and the LM head; attention; loss; norms/rotary/activations; the
+rest), so the ratio can be read against where each step's time goes.
 """
 from __future__ import annotations
 
@@ -43,7 +50,8 @@ def one_option(args) -> dict:
                       max_seq_len=args.seq, tie_embeddings=True)
     model = Llama(cfg).to(dev)
     model.activation_checkpointing = opt.get("ac", False)
-    from quipu.trainer.train import OptimConfig, make_optimizer
+    from quipu.trainer.build import make_optimizer
+    from quipu.trainer.train_config import OptimConfig
     optim = make_optimizer(model, OptimConfig(), dev)
     fwd = torch.compile(model) if opt.get("compile") else model
     x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=dev)
@@ -75,6 +83,63 @@ def one_option(args) -> dict:
     return {"option": args.only, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
             "params": model.num_params(), "seq": args.seq, "batch": args.batch, "bf16": args.bf16,
             "tokens_per_s": round(args.steps * args.batch * args.seq / dt, 1), "peak_mib": round(peak / 2**20, 1)}
+
+
+CATEGORIES = (   # torch.profiler op name -> category (first match wins)
+    ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "attention")),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("matmul", ("mm", "addmm", "bmm", "matmul", "linear")),
+    ("embedding", ("embedding",)),
+    ("elementwise: norms, rotary, SiLU", ("rsqrt", "pow", "mean", "silu", "mul", "add", "cat", "neg", "index", "sum", "div")),
+)
+
+
+def category(op: str) -> str:
+    name = op.lower().removeprefix("aten::")
+    for cat, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return cat
+    return "other (copies, views, allocation)"
+
+
+def phase_seconds(parts: list[tuple[str, callable]], repeat: int = 2) -> dict[str, float]:
+    """Wall seconds of each part of a step (forward + loss, backward, clip, optimizer), median of `repeat` steps."""
+    times: dict[str, list[float]] = {name: [] for name, _ in parts}
+    for _ in range(repeat):
+        for name, f in parts:
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def op_seconds(forward_backward) -> dict[str, float]:
+    """Seconds of self CPU time per op category in one forward + backward (leaf ops: no double counting)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward_backward()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        out[category(ev.key)] = out.get(category(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
+    return out
+
+
+def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    cats = sorted({c for p in rows.values() for c in p}, key=lambda c: -rows["hf"].get(c, 0))
+    total = {k: sum(p.values()) for k, p in rows.items()}
+    print(f"\n{title:<34} {'ours s':>8} {'share':>6} {'HF s':>8} {'share':>6} {'HF - ours':>9}")
+    for c in cats:
+        o, h = rows["ours"].get(c, 0.0), rows["hf"].get(c, 0.0)
+        print(f"{c:<34} {o:>8.3f} {o / total['ours']:>6.1%} {h:>8.3f} {h / total['hf']:>6.1%} {h - o:>+9.3f}")
+    print(f"{'total':<34} {total['ours']:>8.3f} {'':>6} {total['hf']:>8.3f} {'':>6} {total['hf'] - total['ours']:>+9.3f}")
+
+
+def step_parts(model, optim, forward) -> list[tuple[str, callable]]:
+    """A training step as its parts, run in order: `forward()` returns the mean loss."""
+    held = {}
+    return [("forward + loss", lambda: held.update(loss=forward())), ("backward", lambda: held.pop("loss").backward()),
+            ("clip", lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)),
+            ("optimizer", lambda: (optim.step(), optim.zero_grad(set_to_none=True)))]
 
 
 def all_options(args) -> int:
@@ -116,6 +181,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="torch.compile our model (trainer's train.compile)")
     ap.add_argument("--packed", action="store_true", help="ours with 4 documents per row (block-diagonal mask)")
+    ap.add_argument("--hf-optim", choices=("fused", "default"), default="fused",
+                    help="HF's optimizer: fused AdamW (its Trainer's default with torch >= 2.8) or torch's default AdamW")
+    ap.add_argument("--profile", action="store_true", help="then each step split into parts and ops (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.only:
@@ -144,27 +212,31 @@ def main() -> int:
         seg = (torch.arange(L) // (L // 4)).expand(args.batch, L).contiguous()
         pos = (torch.arange(L) % (L // 4)).expand(args.batch, L).contiguous()
 
-    # the trainer's optimizer (fused AdamW, no decay on norms); HF with torch's default AdamW
-    from quipu.trainer.train import OptimConfig, make_optimizer
+    # the trainer's optimizer (fused AdamW, no decay on norms); HF with what its Trainer uses by default
+    # (`adamw_torch_fused` with torch >= 2.8), or with `--hf-optim default` torch's default AdamW
+    from quipu.trainer.build import make_optimizer
+    from quipu.trainer.train_config import OptimConfig
     opt_ours = make_optimizer(ours, OptimConfig(), torch.device("cpu"))
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                               fused=args.hf_optim == "fused")
     fwd = torch.compile(ours) if args.compile else ours
 
-    def step_ours():
+    def forward_ours():
         s, n = fwd(inp, pos, seg, targets=tgt)
-        (s / n).backward()
-        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
-        return float(s.detach() / n)
+        return s / n
+
+    def forward_hf():
+        return hf(input_ids=x[:, :-1], labels=x[:, :-1]).loss
+
+    parts = {"ours": step_parts(ours, opt_ours, forward_ours), "hf": step_parts(hf, opt_hf, forward_hf)}
+
+    def step_ours():
+        for _, f in parts["ours"]:
+            f()
 
     def step_hf():
-        out = hf(input_ids=x[:, :-1], labels=x[:, :-1])
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-        opt_hf.step()
-        opt_hf.zero_grad(set_to_none=True)
-        return float(out.loss)
+        for _, f in parts["hf"]:
+            f()
 
     tokens = args.batch * args.seq
     for f in (step_ours, step_hf):   # warm-up (and compilation)
@@ -180,10 +252,14 @@ def main() -> int:
         print(f"round {r + 1}: ours {rates['ours'][-1]:,.0f} tok/s, HF {rates['hf'][-1]:,.0f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     result = {"params": n_params, "seq": args.seq, "batch": args.batch, "threads": args.threads,
-              "compile": args.compile, "packed": args.packed, "ours_tokens_per_s": round(med["ours"], 1),
+              "compile": args.compile, "packed": args.packed, "hf_optim": args.hf_optim, "ours_tokens_per_s": round(med["ours"], 1),
               "hf_tokens_per_s": round(med["hf"], 1), "speedup": round(med["ours"] / med["hf"], 3),
               "rounds": args.rounds, "steps_per_round": args.steps}
     print(json.dumps(result))
+    if args.profile:
+        print_table("one step, wall time", {k: phase_seconds(p) for k, p in parts.items()})
+        print_table("forward + backward, self CPU time", {"ours": op_seconds(lambda: forward_ours().backward()),
+                                                          "hf": op_seconds(lambda: forward_hf().backward())})
     return 0
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quipu.flows.config import ConfigError, load_config
-    from quipu.trainer.data import BlendError
+    from quipu.catalog.errors import UserError
+    from quipu.flows.config import load_config
     from quipu.trainer.prepare import prepare, resolve_sources
-    from quipu.trainer.train import TrainConfig, TrainingDiverged, train
+    from quipu.trainer.train import TrainConfig, train
 
     ap = argparse.ArgumentParser(prog="torchrun ... -m quipu.flows.train_dist")
     ap.add_argument("config")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             while not ready.exists():   # rank 0 is tokenizing (a failure there ends the torchrun job)
                 time.sleep(0.5)
         summary = train(cfg, run_dir, resume=args.resume)
-    except (ConfigError, BlendError, TrainingDiverged, FileNotFoundError) as e:
+    except (UserError, FileNotFoundError) as e:    # a config, blend, checkpoint or divergence error: one line
         print(f"quipu: {e}", file=sys.stderr)
         return 2
     if rank == 0:

@@ -9,7 +9,9 @@ atomically every N steps; the last K are kept. Two formats:
   temporary name and renamed by rank 0 once every rank has finished, so a save killed halfway
   leaves the previous checkpoint the newest; the half-written folder is removed on the next start.
   DCP reshards on load: a checkpoint saved by N ranks resumes on M (one process included), since
-  it is addressed by parameter name and global offsets, not by rank.
+  it is addressed by parameter name and global offsets, not by rank. A one-file checkpoint resumes
+  on any number of ranks too (`load_one_file`): its optimizer state is re-keyed between parameter
+  index (one process, DDP) and parameter name (FSDP2) to what the new run takes.
 
 Resuming loads the newest one and continues exactly: the data stream is indexed by step (see
 trainer.data), so the step and the skip offset are the data position. Both formats load without
@@ -153,6 +155,93 @@ def load_checkpoint(path: str | Path) -> dict:
                                f"({first[:160]}); it was not written by this version of quipu, or was tampered with") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:     # cut short, corrupt: torch's message is long
         raise DamagedCheckpoint(f"cannot load {path}: damaged or truncated ({_first_line(e)})") from None
+
+
+# ---- one-file checkpoints on any sharding --------------------------------------------------------
+
+class CheckpointMismatch(UserError):
+    """A checkpoint whose model or optimizer does not fit the model being trained: one line saying why."""
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of every parameter in the optimizer's order (the order `state_dict()` numbers them):
+    a tied weight under its first name, as torch.distributed.checkpoint names it."""
+    name_of = {}
+    for name, p in model.named_parameters():
+        name_of.setdefault(id(p), name)
+    return [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def _rekey(sd: dict, old: list, new: list, what: str) -> dict:
+    sizes = [len(g["params"]) for g in sd["param_groups"]]
+    if len(old) != len(new) or sum(sizes) != len(new):
+        raise CheckpointMismatch(f"the checkpoint's optimizer holds {sum(sizes)} parameters in {len(sizes)} groups, "
+                                 f"this model {len(new)} ({what}): it was saved for another model")
+    to = dict(zip(old, new))
+    groups, i = [], 0
+    for g, n in zip(sd["param_groups"], sizes):
+        groups.append(g | {"params": new[i:i + n]})
+        i += n
+    return {"state": {to[k]: v for k, v in sd["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(sd: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` (keyed 0, 1, ... as one process and DDP write it) keyed by parameter
+    name instead, the form torch.distributed.checkpoint's `set_state_dict` takes (FSDP2). Each state
+    tensor is checked against its parameter's (global) shape."""
+    names = _param_names(model, optimizer)
+    first = sd["param_groups"][0]["params"][:1] if sd["param_groups"] else []
+    if first and isinstance(first[0], str):
+        return sd
+    out = _rekey(sd, [p for g in sd["param_groups"] for p in g["params"]], names, "by index")
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    for name, st in out["state"].items():
+        avg = st.get("exp_avg")
+        if avg is not None and name in shapes and tuple(avg.shape) != tuple(shapes[name]):
+            raise CheckpointMismatch(f"the checkpoint's optimizer state for {name} is {list(avg.shape)}, "
+                                     f"the parameter {list(shapes[name])}: it was saved for another model")
+    return out
+
+
+def optimizer_state_by_index(sd: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The inverse: a state keyed by parameter name (FSDP2's one-file checkpoints) keyed 0, 1, ... for
+    `optimizer.load_state_dict` (one process, DDP)."""
+    first = sd["param_groups"][0]["params"][:1] if sd["param_groups"] else []
+    if not first or not isinstance(first[0], str):
+        return sd
+    names = _param_names(model, optimizer)
+    saved = [p for g in sd["param_groups"] for p in g["params"]]
+    if sorted(saved) != sorted(names):
+        missing = sorted(set(names) - set(saved))[:3] or sorted(set(saved) - set(names))[:3]
+        raise CheckpointMismatch(f"the checkpoint's optimizer names other parameters than this model's "
+                                 f"(e.g. {', '.join(missing)}): it was saved for another model")
+    if len(sd["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointMismatch(f"the checkpoint's optimizer has {len(sd['param_groups'])} parameter groups, "
+                                 f"this one {len(optimizer.param_groups)}")
+    # numbered in this optimizer's order: load_state_dict pairs saved and current parameters by position
+    index = {n: i for i, n in enumerate(names)}
+    groups, i = [], 0
+    for g, now in zip(sd["param_groups"], optimizer.param_groups):
+        groups.append(g | {"params": list(range(i, i + len(now["params"])))})
+        i += len(now["params"])
+    return {"state": {index[k]: v for k, v in sd["state"].items()}, "param_groups": groups}
+
+
+def load_one_file(ck: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> None:
+    """Model and optimizer state of a one-file checkpoint, whoever wrote it (one process, DDP's rank 0,
+    FSDP2's rank 0 with the optimizer keyed by name), into `model` sharded or not. Under FSDP2 every
+    rank reads the whole file and keeps its own slices."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        optim_sd = optimizer_state_by_name(ck["optimizer"], model, optimizer)
+        set_state_dict(model, optimizer, model_state_dict=ck["model"], optim_state_dict=optim_sd,
+                       options=StateDictOptions(full_state_dict=True))
+        return
+    try:
+        model.load_state_dict(ck["model"])
+    except RuntimeError as e:
+        raise CheckpointMismatch(f"the checkpoint's weights do not fit this model ({_first_line(e)})") from None
+    optimizer.load_state_dict(optimizer_state_by_index(ck["optimizer"], model, optimizer))
 
 
 # ---- sharded (torch.distributed.checkpoint) ------------------------------------------------------
