@@ -276,7 +276,10 @@ class QualityTiers(Stage):
                            QUALITY_TIER, pa.array(tiers, pa.int64()))
         keep = [r is None for r in reasons]
         kept, removed = split_by_mask(batch, keep, reasons)
-        return Outcome(kept, removed, tier_stats(ids, texts, langs, tiers, pcts, keep))
+        stats = tier_stats(ids, texts, langs, tiers, pcts, keep)
+        # a judge of the tables whose stage did not run (its column absent): the tiers rest on the others
+        stats["judge_column_missing_docs"] = {j: batch.num_rows for j in self.judges() if j not in cols}
+        return Outcome(kept, removed, stats)
 
     def decide(self, lang: str, tier: int | None) -> str | None:
         if tier is None:

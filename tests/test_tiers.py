@@ -110,6 +110,11 @@ def test_unscored_documents_are_kept_or_removed_as_configured(tmp_path):
     assert kept.stats["tiers"]["es"]["unscored"]["docs"] == 1
     out = stage_with(tables, tmp_path, unscored="remove").process(batch)
     assert out.removed.column("reason").to_pylist() == ["tiers:unscored"] * 2
+    # a judge whose stage did not run: the others decide, and the stats say so
+    scored = pa.table({"id": ["z"], "text": ["olá " * 50], "lang": ["pt"], "fluency_word_order": [1.0]})
+    partial = stage_with(tables, tmp_path).process(scored)
+    assert partial.stats["judge_column_missing_docs"] == {"ppl_kenlm": 1}
+    assert partial.kept.column("quality_tier").to_pylist()[0] is not None
 
 
 def test_bad_tables_and_config_fail_before_any_document(tmp_path):
