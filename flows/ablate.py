@@ -55,6 +55,14 @@ class VariantSpec(BaseModel):
     stages: list[str] | None = Field(None, description="exactly these stages on, every other one off (extract always runs); "
                                                        "null: as the base config")
     set: list[str] = Field(default_factory=list, description="overrides of the curate config, dotted.key=value")
+    where: dict[str, Any] = Field(default_factory=dict, description="train on the curated documents matching this, "
+                                                                    "as a blend's `where:` ({quality_tier: '>= 3'})")
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: dict):
+        from quipu.trainer.data import check_where
+        return check_where(v)
 
     @field_validator("stages")
     @classmethod
@@ -104,6 +112,10 @@ class AblateConfig(BaseModel):
     budget: BudgetConfig = BudgetConfig()
     check_hf: bool = Field(True, description="score every run's HF export again with transformers and record the difference")
     workers: int = Field(2, ge=1, le=64, description="parallel shard tasks while curating")
+    equal_tokens: bool = Field(False, description="every variant trains on the same number of tokens per language: "
+                                                  "the fewest any variant's selection holds, each taking its documents "
+                                                  "in a random order (`sample_seed`) up to that count")
+    sample_seed: int = Field(0, description="the document order of `equal_tokens` sampling")
 
     @field_validator("input", mode="before")
     @classmethod
@@ -272,6 +284,34 @@ class CurationTree:
         return node["shards"], funnel
 
 
+def register_variants(config: AblateConfig, curated: dict[str, list[Shard]], variants: dict[str, dict], tok,
+                      out: Path, run_id: str) -> None:
+    """Each variant's training data (its curated documents, or its selection: flows/ablate_select.py)
+    as a catalog dataset named for this ablation output: a catalog name is the union of its versions,
+    and two ablations (or two outputs of one config) must never train on each other's data."""
+    wheres = {v.name: v.where for v in config.variants}
+    if config.equal_tokens or any(wheres.values()):
+        from quipu.flows.ablate_select import select_variants
+        chosen = select_variants(curated, wheres, config.equal_tokens, config.sample_seed, tok, out)
+        for name, sel in chosen.items():
+            if not sum(p.rows for p in sel["parts"]):
+                raise UserError(f"variants: {name!r} selects no documents (where: {wheres[name] or '{}'}"
+                                f"{'; equal_tokens: no language every variant holds' if config.equal_tokens else ''})")
+            curated[name] = sel["parts"]
+            variants[name].update(where=wheres[name] or None, documents=sum(p.rows for p in sel["parts"]),
+                                  bytes=sum(p.bytes for p in sel["parts"]), tokens_by_lang=sel["tokens_by_lang"],
+                                  selected_tokens_by_lang=sel["selected_tokens_by_lang"], token_budget=sel["budget"])
+    for v in config.variants:
+        parts = curated[v.name]
+        folder = Path(parts[0].path).parent if parts else out / v.name / "curated"
+        dataset = f"ablate-{config.name}-{sha256_json(str(out))[:8]}-{v.name}"
+        registry.register_dataset(dataset, "curated", str(folder), run_id,
+                                  [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in parts],
+                                  info={"ablation": config.name, "variant": v.name, "stages": variants[v.name]["stages"]})
+        variants[v.name]["dataset"] = dataset
+        write_json_atomic(out / v.name / "curate.json", variants[v.name])
+
+
 # ---- budget ------------------------------------------------------------------------------------
 
 def size_runs(config: AblateConfig, seconds_left: float, vocab_size: int, log) -> dict:
@@ -349,18 +389,13 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
     t0 = time.monotonic()
     tree = CurationTree(out / "curate", files, run_id, log)
     variants: dict[str, dict] = {}
+    curated: dict[str, list[Shard]] = {}
     for v in config.variants:
         shards, funnel = tree.curate(v.name, curate_cfgs[v.name])
-        curated = write_curated_task(shards, str(out / v.name / "curated"), curate_cfgs[v.name].curated)
-        # one name per ablation output: a catalog name is the union of its versions, and two ablations
-        # (or two outputs of one config) must never train on each other's curated data
-        dataset = f"ablate-{config.name}-{sha256_json(str(out))[:8]}-{v.name}"
-        registry.register_dataset(dataset, "curated", str(out / v.name / "curated"), run_id,
-                                  [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in curated],
-                                  info={"ablation": config.name, "variant": v.name, "stages": enabled_stages(curate_cfgs[v.name])})
-        variants[v.name] = {"dataset": dataset, "stages": enabled_stages(curate_cfgs[v.name]), "funnel": funnel,
-                            "documents": sum(p.rows for p in curated), "bytes": sum(p.bytes for p in curated)}
-        write_json_atomic(out / v.name / "curate.json", variants[v.name])
+        curated[v.name] = write_curated_task(shards, str(out / v.name / "curated"), curate_cfgs[v.name].curated)
+        variants[v.name] = {"stages": enabled_stages(curate_cfgs[v.name]), "funnel": funnel,
+                            "documents": sum(p.rows for p in curated[v.name]),
+                            "bytes": sum(p.bytes for p in curated[v.name])}
     timings["curate"] = time.monotonic() - t0
 
     # 2. held-out text must not be in the raw input, not even as a copy under another name
@@ -376,6 +411,7 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
                                             train_docs=config.tokenizer.sample_docs, min_frequency=config.tokenizer.min_frequency),
                             sorted(s.path for s in raw_root["shards"]), out / "tokenizer")
     timings["tokenizer"] = time.monotonic() - t0
+    register_variants(config, curated, variants, tok, out, run_id)
 
     # 4. model and tokens from the budget, the same for every run
     sizing = None

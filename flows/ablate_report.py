@@ -71,7 +71,8 @@ def build_results(config, out: Path, variants: dict, runs: list[dict], heldout, 
             "bpb": bpb, "seeds": [r["seed"] for r in rs],
             "final_train_loss": mean_std([r["summary"]["final_loss"] for r in rs], seeds),
             "train_seconds": [r["summary"].get("train_seconds") for r in rs], "funnel": info["funnel"],
-            "kept_by_lang": info.get("kept_by_lang", {})}
+            "kept_by_lang": info.get("kept_by_lang", {}), "where": info.get("where"),
+            "token_budget": info.get("token_budget")}
     for name, row in table.items():
         row["vs"] = {}
         for base in baselines(list(table)):
@@ -162,10 +163,15 @@ def format_markdown(result: dict) -> str:
     for name, row in t.items():
         d = {b: " / ".join(_delta(row["vs"].get(b, {}).get(f"by_lang:{x}")) or "·" for x in langs) if b in row["vs"] else "·"
              for b in bases}
-        lines.append(f"| {name} | {', '.join(row['stages']) or '(extract only)'} | {row['documents']:,} | "
+        where = " where " + ", ".join(f"{k} {v}" for k, v in row["where"].items()) if row.get("where") else ""
+        lines.append(f"| {name} | {', '.join(row['stages']) or '(extract only)'}{where} | {row['documents']:,} | "
                      f"{row['available_tokens'] or 0:,} | {row['epochs']} | {_pm(row['bpb']['all'])} | "
                      + " | ".join(_pm(row["bpb"]["by_lang"][x]) if x in row["bpb"]["by_lang"] else "" for x in langs)
                      + "".join(f" | {d[b]}" for b in bases) + " |")
+    budget = next((row["token_budget"] for row in t.values() if row.get("token_budget")), None)
+    if budget:
+        lines += ["", "Equal tokens per language (every variant's selection sampled to the fewest any holds): "
+                  + ", ".join(f"{lang} {n:,}" for lang, n in budget.items()) + " tokens."]
     kept_langs = sorted({k for row in t.values() for k in row.get("kept_by_lang", {})})
     if kept_langs:
         first = next(iter(t))

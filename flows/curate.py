@@ -324,6 +324,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
                     "edits": {k: n for k, n in r["stats"].get("edits", {}).items() if n},
                     "by_language": r["stats"].get("by_language", {}),
                     **({"pdf": r["stats"]["pdf"]} if r["stats"].get("pdf") else {}),
+                    **({"tiers": r["stats"]["tiers"]} if r["stats"].get("tiers") else {}),
                     "seconds": r["seconds"], "reused_shards": r.get("reused_shards", 0)} for name, r in reports.items()],
         "curated": {"rows": sum(p.rows for p in curated), "shards": [p.path for p in curated]},
         "config": config.model_dump(mode="json"),

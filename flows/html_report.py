@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from quipu.catalog.files import read_json, write_bytes_atomic
-from quipu.flows.reports import format_scores, funnel_rows, kept_sample, language_rows, pdf_rows
+from quipu.flows.reports import TIER_HEADER, format_scores, funnel_rows, kept_sample, language_rows, pdf_rows, tier_rows
 from quipu.tasks.stage import RunContext
 
 PALETTE = {"kept": "#3b7dd8", "removed": "#e07b39", "cut": "#333333", "bars": "#6a8fb5"}
@@ -303,6 +303,11 @@ def render(run: dict, reports: dict[str, dict], run_dir: str | Path) -> str:
     if per_lang:
         out.append('<h2 id="languages">Decisions per language</h2>')
         out.append(_table(["stage", "lang", "kept", "removed", "top reasons"], per_lang, {2, 3}))
+    tiers = tier_rows(run)
+    if tiers:
+        out.append('<h2 id="tiers">Quality tiers per language</h2><p>Tier 0 is the lowest; tokens are whitespace '
+                   "tokens; an example document of each tier.</p>")
+        out.append(_table(TIER_HEADER, tiers, {2, 3, 4, 5}))
     sample = kept_sample(run)
     if sample:
         out.append('<h2 id="kept">Kept, per language</h2><p>The first curated documents of each language, with the '

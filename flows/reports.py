@@ -83,6 +83,23 @@ def language_rows(run: dict) -> tuple[list[list], list[str]]:
     return rows, sorted(langs)
 
 
+def tier_rows(run: dict) -> list[list]:
+    """Per language and quality tier (stage `tiers`): documents, tokens, their share of the
+    language's tokens, kept documents, and an example (id and start of the text)."""
+    rows = []
+    for s in run.get("stages", []):
+        for lang, tiers in sorted((s.get("tiers") or {}).items()):
+            total = sum(t["tokens"] for t in tiers.values()) or 1
+            for tier, t in tiers.items():
+                ex = t.get("example") or {}
+                rows.append([lang, tier, t["docs"], t["tokens"], f"{100 * t['tokens'] / total:.1f} %", t["kept_docs"],
+                             ex.get("id", ""), " ".join(str(ex.get("snippet", "")).split())[:SNIPPET_CHARS]])
+    return rows
+
+
+TIER_HEADER = ["lang", "tier", "docs", "tokens", "tokens %", "kept", "example id", "example"]
+
+
 def format_scores(scores: dict) -> str:
     return " ".join(f"{k}={v:g}" for k, v in scores.items()) or "no scores"
 
@@ -123,6 +140,13 @@ def format_funnel(run: dict, top: int = 5) -> str:
         out.append(f"  {'stage':<12}{'lang':<6}{'kept':>9}{'removed':>9}  top reasons")
         for stage, lang, kept, removed, reasons in per_lang:
             out.append(f"  {stage:<12}{lang:<6}{kept:>9}{removed:>9}  {reasons}")
+    tiers = tier_rows(run)
+    if tiers:
+        out.append("")
+        out.append("quality tiers per language (0 lowest; tokens: whitespace tokens; an example of each)")
+        out.append(f"  {'lang':<6}{'tier':<10}{'docs':>8}{'tokens':>11}{'tokens %':>10}{'kept':>8}  example")
+        for lang, tier, n, tok, share, kept, ex_id, ex in tiers:
+            out.append(f"  {lang:<6}{tier:<10}{n:>8}{tok:>11}{share:>10}{kept:>8}  {ex_id}  {ex[:80]}")
     sample = kept_sample(run)
     if sample:
         out.append("")
@@ -253,6 +277,12 @@ def summary_markdown(run: dict, stages: list[str], links: dict[str, str] | None 
         lines += ["", "## Decisions per language", "", "| stage | lang | kept | removed | top reasons |",
                   "|---|---|---:|---:|---|"]
         lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in per_lang]
+    tiers = tier_rows(run)
+    if tiers:
+        lines += ["", "## Quality tiers per language", "", "| " + " | ".join(TIER_HEADER) + " |",
+                  "|---|---|---:|---:|---:|---:|---|---|"]
+        lines += [f"| {lang} | {tier} | {n} | {tok} | {share} | {kept} | `{ex_id}` | {_cell(ex)} |"
+                  for lang, tier, n, tok, share, kept, ex_id, ex in tiers]
     sample = kept_sample(run)
     if sample:
         lines += ["", "## Kept, per language", "", "The first curated documents of each language, with the scores "

@@ -27,6 +27,7 @@ from quipu.tasks.schema import removed_schema
 from quipu.tasks.driver import InProcess, StageRef, run_stage
 from quipu.tasks.stage import RunContext, Shard, ShardResult, Stage, StageConfig
 from quipu.tasks.terminal_punct import TerminalPunctFilter
+from quipu.tasks.tiers import QualityTiers
 from quipu.tasks.urls import UrlFilter
 
 STAGES: list[type[Stage]] = [
@@ -42,7 +43,8 @@ STAGES: list[type[Stage]] = [
     DedupStage,          # global: signatures, plan, split, commit
     Decontaminate,
     PiiRedaction,        # edits kept text only: nothing after it sees personal data
-    PerplexityStage,     # last: scores what is kept
+    PerplexityStage,     # scores what is kept
+    QualityTiers,        # last: every judge's score (perplexity's included) into one quality_tier
 ]
 
 

@@ -238,6 +238,17 @@ def test_shipped_config_runs(world, config):
     RUNNERS[config.split("/")[1]](world, config)
 
 
+def test_default_config_ends_with_annotating_tiers(world):
+    """configs/curate/default.yaml as shipped (the world's run) tiers its documents with the shipped
+    tables and removes none: every document reaching the stage is counted in one tier of its language."""
+    run = json.loads((world.run / "run.json").read_text())
+    tiers = run["stages"][-1]
+    assert tiers["name"] == "tiers" and tiers["removed_docs"] == 0 and tiers["kept_docs"] == tiers["input_docs"] > 0
+    assert sum(t["docs"] for by_tier in tiers["tiers"].values() for t in by_tier.values()) == tiers["input_docs"]
+    assigned = [t for p in world.curated for t in pq.read_table(p, columns=["quality_tier"]).column(0).to_pylist()]
+    assert {t for t in assigned if t is not None} <= set(range(5)) and any(t is not None for t in assigned)
+
+
 # ---- commands no other test runs: ppl label, a successful ppl eval, benchmarks ls ----------------
 
 def _last_json(out: str) -> dict:

@@ -67,6 +67,16 @@ def parse_condition(value: Any) -> tuple[str, Any]:
     return "==", value
 
 
+def check_where(where: dict[str, Any]) -> dict[str, Any]:
+    """A `where:` mapping whose every condition parses; ValueError naming the column otherwise."""
+    for col, cond in where.items():
+        try:
+            parse_condition(cond)
+        except ValueError as e:
+            raise ValueError(f"where.{col}: {e}") from None
+    return where
+
+
 # FineWeb-2's rehydration schedule: a kept document of a duplicate cluster of size N is repeated
 # 1 time when N = 1, N times for N = 2-3, 3 times for N = 4, 5 for 5-99, 8 for 100-999 and 1 time
 # from 1000 on ("very large clusters are lower quality"). Source: the huggingface/fineweb-2
@@ -166,12 +176,7 @@ class SourceSpec(BaseModel):
     @field_validator("where")
     @classmethod
     def _where(cls, v: dict):
-        for col, cond in v.items():
-            try:
-                parse_condition(cond)
-            except ValueError as e:
-                raise ValueError(f"where.{col}: {e}") from None
-        return v
+        return check_where(v)
 
     @model_validator(mode="after")
     def _one(self):
