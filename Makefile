@@ -4,9 +4,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist: one worker per core, each test file on one worker (its module fixtures built once);
+# pytest-xdist: one worker per logical CPU, each test file on one worker (its module fixtures built once);
 # TEST_WORKERS=0 runs the suite in this process
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= logical
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
