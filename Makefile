@@ -4,6 +4,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist: one worker per logical CPU, each test file on one worker (its module fixtures built once);
+# TEST_WORKERS=0 runs the suite in this process
+TEST_WORKERS ?= logical
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
@@ -40,10 +44,10 @@ demo: install
 	$(BIN)/quipu demo
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The readers fuzzed with 1,500 examples per format from a new seed each run (printed; replay one
 # with QUIPU_FUZZ_SEED=N make fuzz). The suite runs a smaller fixed sample of the same tests.

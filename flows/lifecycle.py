@@ -5,7 +5,8 @@
   operating system when the process ends) and the command exits 130 / 143. If unwinding has not
   ended the process after `GRACE_S` seconds (a Prefect client retrying a dead API, a C call that
   does not return), or a second signal comes, the process ends at once with the same code, after
-  ending the processes it started.
+  ending the processes it started. A signal handled inside a finalizer (`__del__`, where Python
+  drops the exception) is sent to the main thread again, to be raised outside it.
 - The temporary ("ephemeral") Prefect API server that Prefect starts when `PREFECT_API_URL` is not
   set runs under `quipu.flows.server_guard`: in its own session (a Ctrl-C to the terminal's process
   group does not kill the API while quipu still reports to it) and ending itself once its parent is
@@ -121,8 +122,35 @@ def _on_signal(signum, frame) -> None:
     _note(signum)
     if _interrupted:   # the main thread unwinds already; the watcher decides what a second signal does
         return
+    if _in_finalizer(frame):
+        # raised inside a __del__ (a transport collected mid-wait), the interrupt would be printed as
+        # "Exception ignored" and dropped, and the run would wait on until the grace timer: send the
+        # signal to the main thread again, to be handled outside the finalizer
+        _resend_soon(signum)
+        return
     _interrupted.append(True)
     raise KeyboardInterrupt
+
+
+def _in_finalizer(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+_resent: list[int] = []   # signals this process sent its own main thread (not a second signal)
+
+
+def _resend_soon(signum: int) -> None:
+    def send() -> None:
+        time.sleep(0.05)
+        with _lock:
+            _resent.append(signum)
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_kill(threading.main_thread().ident, signum)
+    threading.Thread(target=send, name="quipu-signal-resend", daemon=True).start()
 
 
 def _note(signum: int) -> bool:
@@ -153,6 +181,10 @@ def _watch(fd: int) -> None:
         for b in data:
             if b not in (signal.SIGINT, signal.SIGTERM):
                 continue
+            with _lock:
+                if b in _resent:    # our own copy to the main thread, not the user's second signal
+                    _resent.remove(b)
+                    continue
             seen += 1
             if seen == 1:
                 _note(b)

@@ -11,7 +11,8 @@ What is found, and by what:
 - national ids with a checksum: Brazilian CPF, Spanish DNI and NIE                 -> `<ID>`
 
 Dates, years, year ranges, prices, thousands-grouped figures, ISBNs and version numbers are never
-candidates. Nothing is removed: every document is kept, with `pii_spans` (where the placeholders
+candidates (a dotted quad of single digits is a version only after a version word: `versión
+2.9.0.5`; `DNS 8.8.8.8` is an address). Nothing is removed: every document is kept, with `pii_spans` (where the placeholders
 are in the new text, and their type). The report counts by type and shows masked examples only.
 """
 from __future__ import annotations
@@ -96,7 +97,11 @@ NUMBER_PREFIX = re.compile(r"(?:[$€£¥]|R\$|US\$|ISBN(?:-1[03])?:?|ISSN:?|DOI
 BARE_NUMBER = re.compile(r"^[-+]?[\d.,%:]*\d[\d.,%:]*$")     # a figure of a table: 3.02, -0.90, 12%, 1:
 PHONE_WORDS = re.compile(r"(?:tel|tlf|telf|fono|fone|phone|call|cell|celular|cel|m[óo]vil|telem[óo]vel|whats\s?app|fax|"
                          r"contact[oe]?|contato|llam[ea]|ligue|n[úu]mero|number)\W{0,12}$", re.IGNORECASE)
-VERSION_LIKE = re.compile(r"^\d\.\d\.\d\.\d$")                  # 2.9.0.5: a version, not an address
+# a dotted quad of single digits is a version where a version word precedes it (versión 2.9.0.5),
+# else an address (the resolvers 8.8.8.8, 1.1.1.1, 9.9.9.9)
+VERSION_LIKE = re.compile(r"^\d\.\d\.\d\.\d$")
+VERSION_WORD = re.compile(r"(?:\b(?:version|versi[óo]n|vers[ãa]o|release|build|firmware|update)|(?<![A-Za-z])v\.?)\W{0,3}$",
+                          re.IGNORECASE)
 
 
 def _tokens_around(text: str, start: int, end: int) -> tuple[str, str]:
@@ -128,7 +133,7 @@ def ip_spans(text: str, public_only: bool) -> list[tuple[int, int]]:
         spans += [m.span() for m in IPV4_CANDIDATE.finditer(text)
                   if (m.start() == 0 or not (text[m.start() - 1].isalnum() or text[m.start() - 1] in "._"))
                   and ipv4.fullmatch(m.group(0)) and public_ip_validator(m.group(0), public_only)
-                  and not VERSION_LIKE.match(m.group(0))]
+                  and not (VERSION_LIKE.match(m.group(0)) and VERSION_WORD.search(text[max(0, m.start() - 24):m.start()]))]
     if "::" in text or text.count(":") >= 7:
         for m in IPV6.finditer(text):
             try:

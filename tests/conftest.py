@@ -119,13 +119,19 @@ def pytest_make_collect_report(collector):
 
 def pytest_collection_modifyitems(config, items):
     """`fuzz` tests (thousands of examples from a new seed) run under `make fuzz` (QUIPU_FUZZ=1)
-    only; the suite runs their fixed, smaller sample."""
-    if os.environ.get("QUIPU_FUZZ") == "1":
-        return
-    fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
-    if fuzz:
-        config.hook.pytest_deselected(items=fuzz)
-        items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
+    only; the suite runs their fixed, smaller sample. Files with the most `slow` tests run first:
+    `make test` hands whole files to its workers in this order (pytest-xdist, --dist loadfile), and
+    the long ones started first leave the short ones to fill the end rather than one long file
+    running alone at the end."""
+    if os.environ.get("QUIPU_FUZZ") != "1":
+        fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
+        if fuzz:
+            config.hook.pytest_deselected(items=fuzz)
+            items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])   # stable: a file's own order is kept
 
 
 @pytest.fixture(scope="session")

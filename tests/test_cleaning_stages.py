@@ -64,6 +64,8 @@ PII_CASES = [
     ("pt", "https://www.publico.pt/a", "Telemóvel 912 345 678 ou fixo 21 234 5678.", {"phone": 2}),
     ("es", None, "CDMX (55) 1234 5678; Buenos Aires 011 4123-4567; Santiago +56 9 8765 4321.", {"phone": 3}),
     ("en", None, "Call (212) 555-0147. Server 2001:4860:4860::8888.", {"phone": 1, "ip": 1}),
+    # single-digit quads: addresses unless a version word precedes them (ORDINARY: versión 2.9.0.5)
+    ("en", None, "Set DNS to 8.8.8.8 or 1.1.1.1 (firmware v 2.9.0.5, release 1.0.2.3).", {"ip": 2}),
 ]
 ORDINARY = ("El 15/03/2021 y 2021-03-15, entre 1998-2004, costó R$ 1.234.567,89; población 1.234.567; "
             "ISBN 978-84-376-0494-7; versión 2.9.0.5; año 2019; CEP 01310-100; 12:45; 3,5%; "

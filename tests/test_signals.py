@@ -59,6 +59,29 @@ def test_a_command_that_ignores_the_interrupt_still_ends_within_the_grace_time()
     assert time.monotonic() - t0 < 2.5   # at once, not after the grace time
 
 
+def test_an_interrupt_that_lands_in_a_finalizer_still_unwinds_the_main_thread():
+    """A signal handled while the main thread runs a `__del__` (an asyncio transport collected during
+    a curate run on HTML input): a KeyboardInterrupt raised there is printed as "Exception ignored"
+    and dropped, and the command waited for the grace timer with no "interrupted" line. The handler
+    sends the signal to the main thread again, to be raised outside the finalizer."""
+    from quipu.flows.lifecycle import GRACE_S
+    proc = _child("import threading\n"
+                  "class Collected:\n    def __del__(self):\n        print('DEL', flush=True)\n        time.sleep(1.0)\n"
+                  "try:\n    Collected()\n    threading.Event().wait(60)\n"
+                  "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    sys.exit(130)\n")
+    try:
+        assert proc.stdout.readline().strip() == "DEL"
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)                 # lands in the finalizer's sleep
+        assert proc.wait(END_WITHIN_S) == 130
+        assert time.monotonic() - t0 < GRACE_S - 1       # the main thread unwound, not the grace timer
+        out, err = proc.stdout.read(), proc.stderr.read()
+        assert "interrupted" in out and "Exception ignored" not in err, (out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_ctrl_c_ends_the_processes_a_command_started(tmp_path):
     """The CLI's own handling of Ctrl-C: the command (a stand-in for one whose work runs in a process
     of its own: an lmplz, a Dask worker) is interrupted, `quipu` says so, ends the processes it
