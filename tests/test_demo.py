@@ -262,3 +262,20 @@ def test_shipped_teacher_labels_are_used_only_for_their_teacher_and_window(tmp_p
     (tmp_path / "manifest.json").write_text(json.dumps({"scale": 0.5, "files": {"a": "1"}}))
     assert one and corpus_fingerprint(tmp_path) != one
 
+
+def test_the_shipped_teacher_labels_are_the_shipped_teacher_s(tmp_path):
+    """demo/teacher_labels.json.gz was made by the teacher `make install` puts in place, with the
+    demo config's window, and covers the demo's label sample (per-token labels for each mean)."""
+    from quipu.demo.ppl_step import PPL_DEMO_CONFIG, SHIPPED_LABELS, label_namespaces, read_shipped_labels
+    from quipu.flows.config import load_config
+    from quipu.flows.ppl import PplConfig
+    from quipu.trainer.teacher import resolve_teacher_path, teacher_fingerprint
+    shipped = read_shipped_labels(SHIPPED_LABELS)
+    assert shipped is not None, "demo/teacher_labels.json.gz is missing: make demo-labels"
+    cfg = load_config(PplConfig, str(PPL_DEMO_CONFIG), [])
+    prov = shipped["provenance"]
+    assert prov["teacher_fingerprint"] == teacher_fingerprint(resolve_teacher_path(cfg.teacher.path))
+    assert prov["max_tokens"] == cfg.teacher.max_tokens and prov["command"] == "make demo-labels"
+    means, tokens = (shipped["labels"][n] for n in label_namespaces())
+    assert means and set(means) == set(tokens)
+    assert all(k.startswith(f"{prov['teacher_fingerprint']}:{cfg.teacher.max_tokens}:") for k in means)
