@@ -1,4 +1,4 @@
-"""`quipu demo`: the whole pipeline on the embedded demo corpus, offline, its steps in about 4 CPU-minutes.
+"""`quipu demo`: the whole pipeline on the embedded demo corpus, offline, its steps in about 3.5 CPU-minutes.
 
 The demo is an ordered list of named steps (`STEPS`), each a function of one shared `DemoContext`:
 
@@ -109,7 +109,7 @@ STEPS: list[DemoStep] = [
     DemoStep("ppl-distill", ppl_distill_step, "distil SmolLM2-135M's perplexity into a small student (and KenLM "
                                               "models when `make kenlm` built lmplz) for the curate step's perplexity stage"),
     DemoStep("curate", curate_step, "run the curate flow with configs/curate/demo.yaml into runs/demo"),
-    DemoStep("train", train_step, "tokenize the curated shards and train a tiny Llama for at most 2.5 minutes "
+    DemoStep("train", train_step, "tokenize the curated shards and train a tiny Llama (100 steps, at most 2.5 minutes) "
                                   "(configs/train/demo.yaml); prints the loss curve and a sample"),
 ]
 
@@ -213,10 +213,10 @@ def cmd_demo(args) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the embedded demo corpus (offline; its steps "
-                       "take about 4 CPU-minutes with the shipped teacher labels)",
+                       "take about 3.5 CPU-minutes with the shipped teacher labels)",
                        description="The whole pipeline on the embedded demo corpus, offline: " +
                        " → ".join(s.name for s in STEPS) + ". Measured on a 2-core AVX2 machine with a fresh "
-                       "QUIPU_HOME: about 4 CPU-minutes of steps (bench/RESULTS.md, \"The demo's time\"); the train "
+                       "QUIPU_HOME: about 3.5 CPU-minutes of steps (bench/RESULTS.md, \"The demo's time\"); the train "
                        "step and the perplexity student stop on wall-clock boxes (2.5 min, 40 s). The teacher "
                        "labels ship with the demo; without them (another teacher, --label-anew) labelling adds "
                        "about 8 CPU-minutes. Prints each step's wall and CPU seconds.")
