@@ -11,7 +11,7 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
-.PHONY: install demo test test-fast fuzz bench kenlm ocr server worker worker-requirements clean
+.PHONY: install demo demo-labels test test-fast fuzz bench kenlm ocr server worker worker-requirements clean
 
 install: $(STAMP) ocr
 
@@ -42,6 +42,13 @@ $(STAMP): pyproject.toml Makefile
 
 demo: install
 	$(BIN)/quipu demo
+
+# The teacher labels shipped with the demo (demo/teacher_labels.json.gz, with their provenance): the
+# demo's steps up to ppl-distill in a fresh QUIPU_HOME with every document labelled, then exported.
+demo-labels: install
+	home=$$(mktemp -d) && QUIPU_HOME=$$home $(BIN)/quipu demo --label-anew --data $$home/data \
+	  --output $$home/runs/demo --steps build-corpus,quality-train,ppl-distill && \
+	  QUIPU_HOME=$$home $(BIN)/python -m quipu.demo.ppl_step $$home/data && rm -rf $$home
 
 test: install
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)

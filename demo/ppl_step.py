@@ -4,10 +4,11 @@ the curate step's `perplexity` stage runs for real.
 1. Input: the documents the first pass's heuristics kept (`<run>/heuristics/kept`, written by the
    quality-train step); without that pass, the demo's JSONL inputs.
 2. `ppl-distill` with configs/ppl/demo.yaml: SmolLM2-135M labels a few hundred documents (first 128
-   tokens, cached in the catalog, so a rerun costs nothing), a tiny student trains for ~40 s. When
-   demo/teacher_labels.json.gz is there (made by `export_teacher_labels` after one demo run), its
-   labels go into the cache first: labelling took 8 of the demo's 12.5 minutes. They are keyed by
-   the teacher's file hash and each text's hash, so another teacher or a changed corpus labels anew.
+   tokens, cached in the catalog, so a rerun costs nothing), a tiny student trains for ~40 s. The
+   labels shipped in demo/teacher_labels.json.gz (`make demo-labels` regenerates them; provenance in
+   the file) go into the cache first when they were made with this teacher and window: labelling was
+   most of the demo's time. They are keyed by the teacher's file hash and each text's hash, so a
+   document they do not cover (another corpus build) is labelled now; `--label-anew` ignores them.
 3. `kenlm-train` with configs/kenlm/demo.yaml when `make kenlm` has built lmplz; otherwise a one-line
    notice and the stage runs without `ppl_kenlm`.
 4. The curate step runs with the perplexity stage on (buckets, nothing removed) and writes the
@@ -28,17 +29,43 @@ def label_namespaces() -> list[str]:
     return [LABEL_NAMESPACE, f"{LABEL_NAMESPACE}:tokens"]
 
 
-def seed_teacher_labels(path: Path = SHIPPED_LABELS) -> int:
-    """Put the shipped teacher labels into the catalog's label cache (entries it lacks); their count."""
+def corpus_fingerprint(data_dir: Path) -> str | None:
+    """A hash of the built demo corpus (its manifest's scale and file hashes); None when not built."""
+    import hashlib
+    import json
+    manifest = Path(data_dir) / "manifest.json"
+    if not manifest.is_file():
+        return None
+    m = json.loads(manifest.read_text())
+    return hashlib.sha256(json.dumps([m.get("scale"), m.get("files")], sort_keys=True).encode()).hexdigest()[:24]
+
+
+def read_shipped_labels(path: Path = SHIPPED_LABELS) -> dict | None:
+    """{"provenance": {...}, "labels": {namespace: {key: value}}} from the shipped file; None without one."""
     import gzip
     import json
-
-    from quipu.catalog.registry import kv_get_many, kv_put_many
     if not path.is_file():
+        return None
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def shipped_labels_mismatch(provenance: dict, teacher_fingerprint: str, max_tokens: int) -> str | None:
+    """Why the shipped labels cannot serve this teacher (another model or window), or None."""
+    if provenance.get("teacher_fingerprint") != teacher_fingerprint:
+        return (f"they are teacher {provenance.get('teacher_fingerprint')}'s labels; this teacher is {teacher_fingerprint}")
+    if provenance.get("max_tokens") != max_tokens:
+        return f"they score the first {provenance.get('max_tokens')} tokens; teacher.max_tokens is {max_tokens}"
+    return None
+
+
+def seed_teacher_labels(path: Path = SHIPPED_LABELS) -> int:
+    """Put the shipped teacher labels into the catalog's label cache (entries it lacks); their count."""
+    from quipu.catalog.registry import kv_get_many, kv_put_many
+    shipped = read_shipped_labels(path)
+    if shipped is None:
         return 0
-    shipped = json.loads(gzip.decompress(path.read_bytes()))
     added = 0
-    for namespace, items in shipped.items():
+    for namespace, items in shipped["labels"].items():
         have = kv_get_many(namespace, list(items))
         new = {k: v for k, v in items.items() if k not in have}
         kv_put_many(namespace, new)
@@ -46,11 +73,10 @@ def seed_teacher_labels(path: Path = SHIPPED_LABELS) -> int:
     return added
 
 
-def export_teacher_labels(path: Path = SHIPPED_LABELS) -> int:
-    """Write every teacher label in the catalog to `path` (deterministic bytes). Run after a demo
-    run with a fresh QUIPU_HOME, so that only the demo's labels are in it:
-    `QUIPU_HOME=$(mktemp -d) quipu demo --steps build-corpus,quality-train,ppl-distill`, then
-    `QUIPU_HOME=<that> python -m quipu.demo.ppl_step`."""
+def export_teacher_labels(path: Path = SHIPPED_LABELS, provenance: dict | None = None) -> int:
+    """Write every teacher label in the catalog to `path` (deterministic bytes for the same labels
+    and provenance); the number of entries. `make demo-labels` runs it on a catalog that holds only
+    the demo's labels (a fresh QUIPU_HOME, `quipu demo --label-anew` up to ppl-distill)."""
     import gzip
     import json
 
@@ -62,8 +88,51 @@ def export_teacher_labels(path: Path = SHIPPED_LABELS) -> int:
         for namespace in label_namespaces():
             rows = conn.execute(sa.select(db.kv.c.key, db.kv.c.value).where(db.kv.c.namespace == namespace))
             out[namespace] = {k: json.loads(v) for k, v in sorted(rows)}
-    path.write_bytes(gzip.compress(json.dumps(out, sort_keys=True, separators=(",", ":")).encode(), mtime=0))
+    doc = {"provenance": provenance or {}, "labels": out}
+    path.write_bytes(gzip.compress(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), mtime=0))
     return sum(len(v) for v in out.values())
+
+
+def labels_provenance(data_dir: Path) -> dict:
+    """What the shipped labels were made with: the demo's teacher (file, content hash, window,
+    precision), the corpus build, the library versions and the command."""
+    import torch
+    import transformers
+
+    from quipu.flows.config import load_config
+    from quipu.flows.ppl import PplConfig
+    from quipu.trainer.teacher import cpu_bf16_native, resolve_teacher_path, teacher_fingerprint
+    cfg = load_config(PplConfig, str(PPL_DEMO_CONFIG), []).teacher
+    path = resolve_teacher_path(cfg.path)
+    bf16 = torch.cuda.is_available() or (cfg.bf16 and cpu_bf16_native())
+    return {"teacher": path.name, "teacher_fingerprint": teacher_fingerprint(path), "max_tokens": cfg.max_tokens,
+            "precision": "bf16" if bf16 else "fp32", "corpus_fingerprint": corpus_fingerprint(data_dir),
+            "label_docs": load_config(PplConfig, str(PPL_DEMO_CONFIG), []).label_docs,
+            "torch": torch.__version__, "transformers": transformers.__version__, "command": "make demo-labels"}
+
+
+def use_shipped_labels(ctx, config) -> None:
+    """Seed the label cache from demo/teacher_labels.json.gz when it was made with this teacher;
+    say what happened (another corpus build: the documents it does not cover are labelled)."""
+    from quipu.trainer.teacher import resolve_teacher_path, teacher_fingerprint
+    if ctx.label_anew:
+        print("teacher labels: --label-anew, the shipped ones are not used: the teacher labels every document")
+        return
+    shipped = read_shipped_labels()
+    if shipped is None:
+        print(f"teacher labels: no {SHIPPED_LABELS.name} (make demo-labels): the teacher labels every document")
+        return
+    prov = shipped["provenance"]
+    why = shipped_labels_mismatch(prov, teacher_fingerprint(resolve_teacher_path(config.teacher.path)),
+                                  config.teacher.max_tokens)
+    if why:
+        print(f"teacher labels: {SHIPPED_LABELS.name} not used ({why}): the teacher labels every document")
+        return
+    seeded = seed_teacher_labels()
+    corpus = "this corpus build" if prov.get("corpus_fingerprint") == corpus_fingerprint(ctx.data_dir) else \
+        "another build of the demo corpus: documents they do not cover are labelled now"
+    print(f"teacher labels: {SHIPPED_LABELS.name} ({prov.get('teacher')}, {prov.get('precision')}, first "
+          f"{prov.get('max_tokens')} tokens, made on {corpus}); {seeded} entries new to the cache")
 
 
 def ppl_distill_step(ctx) -> None:
@@ -84,9 +153,7 @@ def ppl_distill_step(ctx) -> None:
     student_dir = run.parent / f"{run.name}-ppl-student"
     config = load_config(PplConfig, str(PPL_DEMO_CONFIG), [f"output={student_dir}"])
     config = PplConfig.model_validate({**config.model_dump(), "input": inputs})
-    seeded = seed_teacher_labels()
-    if seeded:
-        print(f"teacher labels: {seeded} shipped with the demo put in the cache ({SHIPPED_LABELS.name})")
+    use_shipped_labels(ctx, config)
     summary = ppl_distill(config)
     print(f"student {summary['output']}: {summary['train_docs']} training / {summary['val_docs']} validation documents "
           f"(teacher labels: {summary['labels']['computed']} computed, {summary['labels']['cached']} cached), "
@@ -112,5 +179,7 @@ def ppl_distill_step(ctx) -> None:
     ctx.where.append(("kenlm models", f"{ksum['output']}/<lang>.binary"))
 
 
-if __name__ == "__main__":
-    print(f"{export_teacher_labels()} labels written to {SHIPPED_LABELS}")
+if __name__ == "__main__":   # python -m quipu.demo.ppl_step DATA_DIR (make demo-labels)
+    import sys
+    data = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("data/demo")
+    print(f"{export_teacher_labels(SHIPPED_LABELS, labels_provenance(data))} labels written to {SHIPPED_LABELS}")

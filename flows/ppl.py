@@ -136,6 +136,7 @@ def _label(config: PplConfig, keep_teacher: dict | None = None) -> tuple[list[di
     labels, stats, *token_labels = LabelCache(teacher).label([d["text"] for d in sample], log=say, tokens=token_level)
     stats["teacher"] = str(teacher.path)
     stats["teacher_fingerprint"] = teacher.fingerprint
+    stats["precision"] = "bf16" if teacher.bf16 else "fp32"
     if config.labels_out:
         from quipu.catalog.files import write_bytes_atomic
         lines = "".join(json.dumps({"id": d["id"], "lang": d["lang"], "log_ppl": y}) + "\n" for d, y in zip(sample, labels))

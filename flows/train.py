@@ -209,28 +209,72 @@ def _tokenize_train(config: TrainConfig, resume: bool, run_dir: Path, pinned, ne
 
 
 def fit_steps_to_data(config: TrainConfig, sources: list, from_step: int) -> tuple[TrainConfig, str | None]:
-    """`config` with fewer steps when the steps still to train (a phase starting at `from_step`: a
-    fresh run's only phase, a continuation's new one) would repeat a source's distinct tokens more
-    than `data.max_epochs` times, and the sentence that says so; (config, None) when they fit or
-    the limit is off."""
+    """`config` with fewer steps when the phases still to train (those starting at or after
+    `from_step`: every phase of a fresh run, a continuation's new one) would repeat a source's
+    distinct tokens more than `data.max_epochs` times, summed over those phases, and the sentence
+    that says so; (config, None) when they fit or the limit is off. Every such phase shrinks by the
+    same factor, so the blend's proportions (and curriculum) stay; later phases get explicit starts."""
     data, max_steps = config.data, config.train.max_steps
     limit = data.max_epochs
     starts = resolve_phase_starts(data, max_steps, lambda s: config.schedule.fraction(s, max_steps))
-    if limit is None or starts[-1] != from_step or max_steps <= from_step:
-        return config, None       # phases still to train that started earlier: the blend table warns per source
-    phases, _ = plan_data(config, sources)
-    worst = max((r for r in phases[-1].report if r["repetitions"]), key=lambda r: r["repetitions"])
+    if limit is None or from_step not in starts or max_steps <= from_step:
+        return config, None       # a phase still to train that started earlier: the blend table warns per source
+    first = starts.index(from_step)
+    worst = _worst_repetitions(config, sources, first)
     if worst["repetitions"] <= limit:
         return config, None
     steps = max_steps - from_step
-    fit = max(1, int(steps * limit / worst["repetitions"]))
-    train = config.train.model_dump(mode="json") | {"max_steps": from_step + fit}
-    schedule = config.schedule.model_dump(mode="json")
-    schedule["warmup_steps"] = min(schedule["warmup_steps"], max(0, from_step + fit - 1))
+    factor = limit / worst["repetitions"]
+    for _ in range(3):        # rounding can leave a repetition a hair above the limit: shrink a little more
+        fitted = _shrunk(config, starts, first, factor)
+        again = _worst_repetitions(fitted, sources, first)["repetitions"]
+        if again <= limit:
+            break
+        factor *= limit / again
+    fit = fitted.train.max_steps - from_step
     note = (f"data.max_epochs {limit:g}: {steps} steps would repeat source {worst['source']!r} "
             f"({worst['available_tokens']:,} distinct tokens) {worst['repetitions']:.0f} times; training {fit} "
             f"step(s), to step {from_step + fit}, instead (add data, or raise data.max_epochs; null trains every step)")
-    return config.model_validate(config.model_dump(mode="json") | {"train": train, "schedule": schedule}), note
+    if len(starts) - first > 1:
+        new_starts = resolve_phase_starts(fitted.data, fitted.train.max_steps,
+                                          lambda s: fitted.schedule.fraction(s, fitted.train.max_steps))
+        note += "; phases start at " + ", ".join(f"{p.name} step {b}" for p, b in
+                                                 list(zip(fitted.data.phases, new_starts))[first:])
+    return fitted, note
+
+
+def _worst_repetitions(config: TrainConfig, sources: list, first: int) -> dict:
+    """The source repeated most over phases[first:] (repetitions summed per source across them)."""
+    phases, _ = plan_data(config, sources)
+    total: dict[str, dict] = {}
+    for phase in phases[first:]:
+        for r in phase.report:
+            if r["repetitions"]:
+                t = total.setdefault(r["source"], {"source": r["source"], "available_tokens": r["available_tokens"],
+                                                   "repetitions": 0.0})
+                t["repetitions"] += r["repetitions"]
+    return max(total.values(), key=lambda r: r["repetitions"], default={"repetitions": 0.0})
+
+
+def _shrunk(config: TrainConfig, starts: list[int], first: int, factor: float) -> TrainConfig:
+    """`config` with phases[first:] (and the run's end) shrunk by `factor` from starts[first] on,
+    each phase at least one step; later phases start at explicit steps."""
+    max_steps, from_step = config.train.max_steps, starts[first]
+    ends = starts[1:] + [max_steps]
+    dumped = config.model_dump(mode="json")
+    phases, at = dumped["data"]["phases"], from_step
+    for i in range(1, first):     # phases already trained keep the steps they started at
+        phases[i] |= {"start_step": starts[i], "start_lr_fraction": None}
+    for i in range(first, len(starts)):
+        if i > 0:
+            phases[i] |= {"start_step": at, "start_lr_fraction": None}
+        length = max(1, int((ends[i] - starts[i]) * factor))
+        if phases[i].get("warmup_steps") is not None:
+            phases[i]["warmup_steps"] = min(phases[i]["warmup_steps"], max(0, length - 1))
+        at += length
+    dumped["train"]["max_steps"] = at
+    dumped["schedule"]["warmup_steps"] = min(dumped["schedule"]["warmup_steps"], max(0, at - 1))
+    return config.model_validate(dumped)
 
 
 def _publish(summary: dict) -> None:

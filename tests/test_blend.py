@@ -18,7 +18,7 @@ from quipu.catalog import registry
 from quipu.catalog.files import sha256_file
 from quipu.catalog.versions import format_datasets, parse_versions
 from quipu.flows.config import ConfigError, load_config
-from quipu.trainer.data import BlendError, format_blend_report, blend_report, source_passes
+from quipu.trainer.data import BlendError, format_blend_report, blend_report, resolve_phase_starts, source_passes
 from quipu.trainer.prepare import prepare, resolve_sources
 from quipu.trainer.train import TrainConfig, load_sources, plan_data
 
@@ -261,6 +261,34 @@ def test_a_run_far_above_its_data_trains_fewer_steps_and_says_so(mixed, tmp_path
     assert note is None and again.train.max_steps == 110
     assert fit_steps_to_data(config(tmp_path, cfg.data.model_dump()["phases"][0]["sources"],
                                     **{"train.max_steps": 400}), sources, 0)[1] is None
+
+
+def test_a_multi_phase_run_far_above_its_data_shrinks_every_phase_alike(mixed, tmp_path):
+    from quipu.flows.train import fit_steps_to_data
+    name = mixed["name"]
+    es = {"dataset": name, "where": {"lang": "es"}}
+    cfg = config(tmp_path, [{**es, "weight": 1.0}], **{"train.max_steps": 400, "data.max_epochs": 2,
+                                                      "schedule.kind": "cosine", "schedule.warmup_steps": 50})
+    phases = [{"name": "general", "sources": [{**es, "weight": 1.0}]},
+              {"name": "target", "start_lr_fraction": 0.5,   # es again, beside pt: its repetitions add up
+               "sources": [{**es, "weight": 0.5}, {"dataset": name, "where": {"lang": "pt"}, "weight": 0.5}]}]
+    cfg = cfg.model_validate(cfg.model_dump(mode="json") | {"data": cfg.data.model_dump(mode="json") | {"phases": phases}})
+    sources = load_sources(cfg, mixed["prepared"])
+    start = resolve_phase_starts(cfg.data, 400, lambda s: cfg.schedule.fraction(s, 400))
+    fitted, note = fit_steps_to_data(cfg, sources, 0)
+    steps = fitted.train.max_steps
+    planned = plan_data(fitted, sources)[0]
+    new_start = resolve_phase_starts(fitted.data, steps, lambda s: fitted.schedule.fraction(s, steps))
+    es_reps = sum(r["repetitions"] for p in planned for r in p.report if r["source"] == f"{name}[lang=es]")
+    assert 0 < steps < 400 and 1.5 < es_reps <= 2 and fitted.schedule.warmup_steps < steps
+    # both phases shrink by the same factor: the target phase still starts at the same share of the run
+    assert abs(new_start[1] / steps - start[1] / 400) < 0.02 and fitted.data.phases[1].start_step == new_start[1]
+    assert f"training {steps} step(s), to step {steps}, instead" in note
+    assert note.endswith(f"; phases start at general step 0, target step {new_start[1]}")
+    # a continuation from the second phase's start shrinks only that phase; the first keeps its start
+    again, note = fit_steps_to_data(cfg, sources, start[1])
+    assert again.data.phases[1].start_step == start[1] < again.train.max_steps < 400
+    assert "instead" in note and "phases start at" not in note
 
 
 def test_dup_count_upsampling_with_cap(mixed, tmp_path):

