@@ -146,6 +146,19 @@ def test_langid_columns_reasons_and_config():
         LanguageId(LangIdConfig(model_path="/nope.ftz"))
 
 
+def test_the_model_sees_only_the_first_max_chars_of_a_document():
+    # a short English opening before a long Portuguese body: with max_chars cut to the opening the
+    # model must judge English; with the default it judges the whole (Portuguese) document
+    opening = "The committee met on Tuesday to discuss the new budget for the public library. "
+    body = "O comitê se reuniu na terça-feira para discutir o novo orçamento da biblioteca pública. " * 12
+    batch = pa.table({"id": ["a"], "text": [opening + body]})
+    judge = dict(languages=["en", "es", "pt"], min_score=0.0, max_rival_score=None)
+    short = LanguageId(LangIdConfig(**judge, max_chars=len(opening))).process(batch)
+    whole = LanguageId(LangIdConfig(**judge)).process(batch)
+    assert short.kept.column("lang").to_pylist() == ["en"]
+    assert whole.kept.column("lang").to_pylist() == ["pt"]
+
+
 @pytest.mark.parametrize("damage", ["cut in half", "last bytes missing", "header only"])
 def test_a_damaged_lid_model_is_refused_in_one_line_naming_it(tmp_path, damage):
     """fastText loads a truncated lid.176.ftz without a word and predicts garbage from it; the stage
