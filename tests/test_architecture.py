@@ -1,4 +1,4 @@
-"""The layout rules of README's Architecture section, checked on the source (AST), so that a change
+"""The layout rules of the Architecture page (docs/architecture.md), checked on the source (AST), so that a change
 that breaks one fails here: Prefect only in flows/, no import cycle, only `quipu.*` imports, nothing
 named `flows` or `tasks` installed, one config block per stage of the pipeline definition, nothing
 below flows/ imports the pipeline definition, and every `python -m` / `torchrun -m` command the
@@ -170,9 +170,9 @@ def missing_modules(names: list[str], cwd: Path) -> list[str]:
 
 
 def test_every_module_command_in_the_docs_names_an_installed_module(tmp_path):
-    sources = [ROOT / "README.md", *modules().values(), *sorted((ROOT / "bench").glob("*.py"))]
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *modules().values(), *sorted((ROOT / "bench").glob("*.py"))]
     found = {(str(p.relative_to(ROOT)), n) for p in sources for n in module_commands(p.read_text())}
-    assert any(n == "quipu.flows.train_dist" for _, n in found)    # the scan sees README's torchrun lines
+    assert any(n == "quipu.flows.train_dist" for _, n in found)    # the scan sees the docs' torchrun lines
     missing = set(missing_modules(sorted({n for _, n in found}), tmp_path))
     assert sorted((p, n) for p, n in found if n in missing) == []
 
