@@ -201,22 +201,3 @@ def format_eval_groups(m: dict) -> str:
         if t.get("items"):
             parts.append(f"task {name} acc {t['accuracy']:.3f} answer {t['answer_bpb']:.4f}")
     return " | ".join(parts)
-
-
-class CountProgress:
-    """Items of a long loop (documents labelled by the teacher, ...): a line every `every_s` seconds
-    and at the end, with the rate and an ETA."""
-
-    def __init__(self, what: str, total: int, every_s: float = 10.0):
-        self.what, self.total, self.every_s = what, total, every_s
-        self.done = 0
-        self.t0 = self.last = time.monotonic()
-
-    def advance(self, n: int = 1) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.done >= self.total or now - self.last >= self.every_s:
-            self.last = now
-            rate = self.done / max(1e-9, now - self.t0)
-            eta = (self.total - self.done) / rate if rate else 0
-            say(f"  {self.what}: {self.done:,}/{self.total:,}  {rate:,.2f}/s  ETA {duration(eta)}")

@@ -43,7 +43,6 @@ from quipu.tasks.partitions import NpyRows, key_range, save_npy
 
 SCHEME = "affine32"                      # datasketch 2.x default permutation scheme
 LAYOUT = "sorted-bands/v2"               # stored in the index params: v1 (a datasketch LSH) is not read
-KEY_RE = re.compile(r"^g(\d+):(\d+)$")
 MANIFEST_VERSION = 2
 GEN_SHIFT = 36                           # ref = gen << 36 | n: 2^36 documents per generation
 LOCAL_FLAG = np.uint64(1 << 63)          # refs of this run's documents (the planner's), after every generation
@@ -62,18 +61,6 @@ class ConcurrentCommit(UserError, RuntimeError):
 
 def make_key(gen: int, n: int) -> str:
     return f"g{gen}:{n}"
-
-
-def key_order(key: str) -> tuple[int, int]:
-    """(generation, position): earlier runs and earlier kept documents sort first."""
-    m = KEY_RE.match(key)
-    if not m:
-        raise ValueError(f"not a dedup index key: {key!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def index_ref(gen: int, n: int) -> int:
-    return (gen << GEN_SHIFT) | n
 
 
 def ref_key(ref: int) -> str:

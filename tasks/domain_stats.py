@@ -108,11 +108,6 @@ def _ranked(kept: dict, removed: dict, which: int, label: str, top: int) -> list
     return [{label: k, "kept": a, "removed": b, "removed_fraction": round(b / (a + b), 4)} for k, a, b in rows]
 
 
-def domain_report(input_paths: Iterable[str], results: Iterable, top: int = TOP) -> dict:
-    """The `domains` block of one stage's report: its input shards and its shard results."""
-    return StageDomains(input_paths).after(results, top)
-
-
 def domain_markdown(domains: dict, top: int = 10) -> str:
     """The `domains` block as markdown tables (the stage's Prefect artifact)."""
     lines = ["## Domains", "", f"{domains['distinct_domains']:,} registered domains, {domains['distinct_tlds']:,} TLDs"

@@ -298,11 +298,6 @@ def process_segment_shard(stages: list[Stage], shard: Shard, shard_plans: list,
     return results
 
 
-def process_shard(stage: Stage, shard: Shard, shard_plan: Any = None) -> ShardResult:
-    """Run `stage` alone over one shard (its kept rows written); returns the shard's result."""
-    return process_segment_shard([stage], shard, [shard_plan])[0]
-
-
 def _check_outcome(stage: str, batch: pa.Table, out: Outcome) -> None:
     if out.kept.num_rows + out.removed.num_rows != batch.num_rows:
         raise AssertionError(f"stage {stage}: {batch.num_rows} in, {out.kept.num_rows} kept + "

@@ -45,10 +45,6 @@ def set_column(table: pa.Table, field: pa.Field, values) -> pa.Table:
     return table.append_column(field, arr)
 
 
-def empty_like(table: pa.Table) -> pa.Table:
-    return table.schema.empty_table()
-
-
 def removed_schema(stage_columns: list[pa.Field]) -> pa.Schema:
     """The one schema of every `<stage>/removed/*.parquet` of a run, so that
     `pl.scan_parquet("OUT/*/removed/*.parquet")` reads them all as one table: the base columns, the

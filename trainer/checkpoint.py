@@ -137,10 +137,6 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def step_of(path: Path) -> int:
-    return int(NAME.match(path.name).group(1))
-
-
 def load_checkpoint(path: str | Path) -> dict:
     """Tensors and plain data only (`weights_only=True`): a run folder may be shared and writable by
     others, and unpickling a crafted file would run its code. Anything else is refused."""

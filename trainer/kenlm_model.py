@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import unicodedata
@@ -185,11 +184,6 @@ def model_paths(model: str | Path, languages: Sequence[str]) -> dict[str, Path]:
             raise KenLMError(f"KenLM model directory {p} holds no <lang>.binary for {', '.join(languages)}")
         return found
     return {"*": p}
-
-
-def copy_model(src: Path, dst: Path) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
 
 
 @lru_cache(maxsize=16)

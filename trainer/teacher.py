@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,10 +262,6 @@ class LabelCache:
         return values, stats
 
 
-def default_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 2))
-
-
 # ---- the teacher as a config block ----------------------------------------------------------------
 
 class TeacherConfig(BaseModel):
@@ -280,7 +275,6 @@ class TeacherConfig(BaseModel):
     threads: int | None = Field(None, ge=1, le=256)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible, else the CPU")
     cuda_batch_tokens: int = Field(65536, ge=256, description="on CUDA: padded tokens per length-bucketed batch")
-
 
 
 def load_teacher(cfg: TeacherConfig) -> Teacher:
