@@ -57,17 +57,11 @@ class LangIdConfig(StageConfig):
 
 @lru_cache(maxsize=4)
 def load_fasttext(path: str):
-    """Load a fastText model once per process, with a clear error naming the path."""
-    import fasttext
+    """The language-ID model, loaded once per process (checked first: a corrupt file is one line naming it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"fastText model not found: {path}")
-    from quipu.trainer.model_files import check_fasttext
-    check_fasttext(path)   # layout and a first load in a child: a corrupt file is one line naming it
-    fasttext.FastText.eprint = lambda *a, **k: None  # silence the load_model warning
-    try:
-        return fasttext.load_model(path)
-    except Exception as e:
-        raise ValueError(f"cannot load fastText model {path}: {e}") from e
+    from quipu.trainer.model_files import load_fasttext as load_checked
+    return load_checked(path)
 
 
 def predict_topk(model, texts: list[str], k: int = 1) -> list[list[tuple[str, float]]]:

@@ -182,3 +182,13 @@ def test_a_command_naming_a_checkout_folder_is_found(tmp_path):
     text = "run `torchrun --nproc_per_node 2 -m flows.train_dist CONFIG` or\n    python3 -m quipu.flows.cli curate"
     assert module_commands(text) == ["flows.train_dist", "quipu.flows.cli"]
     assert missing_modules(module_commands(text), tmp_path) == ["flows.train_dist"]
+
+
+def test_one_fasttext_loader():
+    """fastText files are loaded in one place, `quipu.trainer.model_files.load_fasttext` (checked in a
+    child first, then loaded): the language-ID model and every classifier of the family go through it."""
+    def loads(path: Path) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "load_model"
+                   and isinstance(n.func.value, ast.Name) and n.func.value.id == "fasttext"
+                   for n in ast.walk(ast.parse(path.read_text())))
+    assert sorted(name for name, path in modules().items() if loads(path)) == ["quipu.trainer.model_files"]

@@ -82,17 +82,11 @@ class FastTextClassifier:
         self.negative_label = meta.get("negative_label") or NEGATIVE
         self.positive = "__label__" + self.positive_label
         self.sha256 = sha256_file(self.path)
-        from quipu.trainer.model_files import ModelFileError, check_fasttext
-        try:   # layout, a load in a child process (a crash there is one line), the probe set's scores
-            check_fasttext(self.path, self.positive)
+        from quipu.trainer.model_files import ModelFileError, load_fasttext
+        try:   # layout, a load in a child process (a crash there is one line), the probe set's scores, the load
+            self.model = load_fasttext(self.path, self.positive)
         except ModelFileError as e:
             raise ClassifierModelError(str(e)) from None
-        import fasttext
-        fasttext.FastText.eprint = lambda *a, **k: None   # the load_model deprecation warning
-        try:
-            self.model = fasttext.load_model(self.path)
-        except Exception as e:   # truncated or corrupt beyond the header
-            raise ClassifierModelError(f"cannot load classifier model {self.path}: {e}") from None
         labels = list(self.model.labels)
         if self.positive not in labels:
             raise ClassifierModelError(f"classifier model {self.path} has no label {self.positive} (labels: {', '.join(labels)})")

@@ -8,6 +8,7 @@ loader sees it, then loaded once in a child process, so that a file the loader w
 - `check_fasttext(path, positive)` runs the load (and for a classifier the scoring of a built-in
   probe set of good and junk text) in a child: a crash, or scores that are the same for every
   probe text (a model that would keep or remove everything alike), is a `ModelFileError`.
+- `load_fasttext(path, positive)`: the check, then the load in this process (the one loader).
 `check_kenlm(path)` loads a KenLM file in a child the same way. Run as
 `python -m quipu.trainer.model_files PATH [LABEL]` (or `--kenlm PATH`) it is that child.
 """
@@ -229,6 +230,19 @@ def check_fasttext(path: str, positive: str | None = None) -> None:
     differently from text to text. Once per file version and process."""
     st = os.stat(path)
     _checked(os.path.abspath(path), st.st_mtime_ns, st.st_size, positive)
+
+
+def load_fasttext(path: str, positive: str | None = None):
+    """The one loader of fastText files (the language-ID model and every classifier of the family):
+    checked first (`check_fasttext`), then loaded in this process; anything wrong with the file is a
+    `ModelFileError`, one line naming it."""
+    check_fasttext(path, positive)
+    import fasttext
+    fasttext.FastText.eprint = lambda *a, **k: None   # the load_model deprecation warning
+    try:
+        return fasttext.load_model(path)
+    except Exception as e:   # damaged beyond what the check reads, or changed since
+        raise ModelFileError(f"cannot load fastText model {path}: {e}") from None
 
 
 def _child(path: str, positive: str) -> None:
