@@ -64,7 +64,7 @@ import fsspec
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_blocks
 from quipu.tasks.records import (CHUNK, KNOWN_FIELDS, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits,
-                                 ReadStats, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
+                                 ReadStats, cannot_open, escape_snippet, find_magic, stable_id, tell_end, zeros_to_end)
 from quipu.tasks.pdf import PDF_SUFFIXES
 from quipu.tasks.warc import read_warc
 
@@ -541,7 +541,7 @@ def read_jsonl(path: str, limits: ReadLimits = ReadLimits(), size: int | None = 
         if part:
             fh.seek(part.start)
     except Exception as e:
-        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        yield cannot_open(path, e)
         return
     with fh:
         chunks = _plain_chunks(fh, part.end) if part else _open_chunks(fh, path)
@@ -612,7 +612,7 @@ def read_pdf_file(path: str, limits: ReadLimits = ReadLimits(), size: int | None
         with fsspec.open(path, "rb") as fh:
             data = fh.read(limits.max_record_bytes + 1)
     except Exception as e:
-        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        yield cannot_open(path, e)
         return
     if len(data) > limits.max_record_bytes:
         yield RawRecord(**base, text="", reject="too_large", size=size or len(data))

@@ -49,6 +49,11 @@ class Quarantined:
     id: str | None = None
 
 
+def cannot_open(path: str, e: BaseException) -> Quarantined:
+    """The quarantine row of a file no reader could open (gone, forbidden, a URL that fails)."""
+    return Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+
+
 @dataclass
 class ReadStats:
     skipped: dict[str, int] = field(default_factory=dict)   # non-document records by WARC type

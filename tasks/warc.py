@@ -11,7 +11,7 @@ import fsspec
 
 from quipu.tasks.pdf import PDF_MIMES
 from quipu.tasks.records import (CHUNK, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
-                                 blank_from, escape_snippet, find_magic, stable_id)
+                                 blank_from, cannot_open, escape_snippet, find_magic, stable_id)
 
 
 _UUID = re.compile(r"<?urn:uuid:([0-9a-fA-F-]+)>?")
@@ -129,7 +129,7 @@ def read_warc(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) ->
         gzipped = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
     except Exception as e:
-        yield Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+        yield cannot_open(path, e)
         return
     with fh:
         start: int | None = 0
