@@ -11,7 +11,7 @@
 3. Leave-one-source-out: for each news or literature source, its language calibrated on the
    language's other sources only, then the share of the source's prose removed.
 
-Prints both tables in markdown (README, Languages) and replaces its section of bench/RESULTS.md.
+Prints both tables in markdown (docs/languages.md) and replaces its section of bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def main() -> int:
     if args.write:
         DEFAULT.write_text("# The shipped curation config for es/pt/en crawls: no model to train (quality and perplexity off).\n"
                            "# Regenerate with `.venv/bin/python bench/calibrate_default.py --write` (reference: whole sources\n"
-                           "# of ../shared/data/text, listed below; the other sources are left out to check it: README, Languages).\n"
+                           "# of ../shared/data/text, listed below; the other sources are left out to check it: docs/languages.md).\n"
                            + out.read_text())
     from quipu.demo.junk import junk_documents
     rows = ["| language | calibrated on | left-out source | prose docs | prose removed | top rules |",

@@ -49,7 +49,7 @@ def column_doc(column: str) -> str:
     if column in COLUMN_DOCS:
         return COLUMN_DOCS[column]
     stage = column_stage(column)
-    return f"written by stage `{stage}` (README: Stages)" if stage else ""
+    return f"written by stage `{stage}` (quipu's docs/stages.md)" if stage else ""
 
 
 def _languages(shards: list[str]) -> dict[str, int]:

@@ -88,7 +88,7 @@ class ProgressReporter:
 @flow(name="tokenize-train", flow_run_name=train_name, log_prints=True, persist_result=False)
 def tokenize_train(config: TrainConfig, resume: bool = False, new_version: NewVersion | None = None,
                    strict: bool = False) -> dict:
-    """`strict`: a blend language the tokenizer does not fit (README, Training) is an error, not a warning."""
+    """`strict`: a blend language the tokenizer does not fit (docs/training.md) is an error, not a warning."""
     try:
         return _train_flow(config, resume, new_version, strict)
     except UserError as e:   # on a worker: one ERROR line with the fix, no traceback

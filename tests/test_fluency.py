@@ -48,7 +48,7 @@ def test_spun_text_removed_and_prose_kept_on_unseen_text(lang, prose):
 def test_generated_text_mostly_removed(shared_data):
     """Text sampled from n-gram models (orders 2-4) of news prose loses its topic: most is removed.
     (From a small single-topic corpus, e.g. 100 paragraphs of Python's docs, it keeps repeating the
-    topic's words and mostly passes: README, Fluent junk.)"""
+    topic's words and mostly passes: docs/quality.md, Fluent junk.)"""
     import json
     texts = [json.loads(line)["text"] for line in open(shared_data / "text" / "en_nltk_abc_news.jsonl")][:1000]
     rng = random.Random(2)

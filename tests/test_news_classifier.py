@@ -1,4 +1,4 @@
-"""The README's worked example of a second fastText classifier, the `news` topic stage
+"""The worked example (docs/architecture.md, "Model families") of a second fastText classifier, the `news` topic stage
 (tasks/classifiers/news.py, configs/quality/news.yaml): the pipeline finds it, its config trains a
 model of its own kind and labels, and on documents it never saw it keeps news and removes the rest."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shipped loop, as a user runs it (README "Operating with Prefect"): `quipu deploy` of
+"""The shipped loop, as a user runs it (docs/prefect.md): `quipu deploy` of
 deploy/prefect.yaml as shipped against a real Prefect server (the session's), a process worker on
 the shipped pool (`make worker`), two batches dropped into the watched folder: Spanish and
 Portuguese news only (the regional team's own batches: no English, which the shipped blend names),

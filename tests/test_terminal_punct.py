@@ -1,4 +1,4 @@
-"""The example stage of README's "Adding a stage": terminal_punct, a ScoreFilter without a model.
+"""The example stage of docs/architecture.md, "Adding a stage": terminal_punct, a ScoreFilter without a model.
 Through the plain driver (no Prefect) and through the curate flow."""
 from __future__ import annotations
 

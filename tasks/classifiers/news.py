@@ -1,6 +1,6 @@
-"""Stage `news`: a fastText topic classifier, how news-like a document is (the README's worked example
+"""Stage `news`: a fastText topic classifier, how news-like a document is (the worked example of docs/architecture.md
 of a second classifier: this module, its training config configs/quality/news.yaml, its test
-tests/test_news_classifier.py and one README line are all it takes).
+tests/test_news_classifier.py and one line of docs are all it takes).
 
 Adds `news_score`, the probability of the label `news`: a column for `where:` in blends
 (`news_score: ">= 0.5"`), or a filter keeping documents at least `threshold` or the top fraction
