@@ -28,20 +28,21 @@ class CalibrateError(UserError, ValueError):
     pass
 
 
-def read_texts(patterns: list[str]) -> list[str]:
-    """The plain-text documents of the files matching the globs, in file then record order."""
-    from quipu.tasks.readers import expand_inputs, read
-    from quipu.tasks.records import RawRecord, ReadStats
+def read_texts(patterns: list[str], option: str) -> list[str]:
+    """The plain-text documents of the files matching the globs, in file then record order (read as
+    every model's training text is: quipu.trainer.text_source). HTML pages and PDFs would need
+    extraction: a sample holding them is refused, naming `option`, rather than read as nothing."""
+    from quipu.trainer.text_source import SourceError, read_documents
+    counts: dict = {}
     try:
-        files = expand_inputs(patterns)
-    except FileNotFoundError as e:
+        docs = read_documents(patterns, counts=counts)
+    except SourceError as e:
         raise CalibrateError(str(e)) from None
-    texts = []
-    for path in files:
-        for item in read(path, ReadStats()):
-            if isinstance(item, RawRecord) and item.text and item.text.strip():
-                texts.append(item.text)
-    return texts
+    if counts.get("not_extracted"):
+        raise CalibrateError(f"{option}: {counts['not_extracted']:,} HTML or PDF records in {', '.join(patterns)}, which "
+                             "quipu calibrate does not extract: give their text (JSONL or parquet), e.g. "
+                             "OUT/extract/kept/*.parquet of `quipu curate ... --set keep_intermediate=true`")
+    return [d["text"] for d in docs if d["text"].strip()]
 
 
 # ---- the config, written with a comment on every calibrated threshold ---------------------------
@@ -212,7 +213,7 @@ def earlier_calibration(config_path: str, lang: str) -> int | None:
 
 def read_reference(config, reference: list[str], lang: str) -> list[str]:
     """The reference texts, refused in one line (empty, too small, another language) before any statistic."""
-    ref_texts = read_texts(reference)
+    ref_texts = read_texts(reference, "--reference")
     try:
         cal.check_reference(len(ref_texts), lang)
         labels, _, _ = cal.lid_scores(ref_texts, lang, config.langid)
@@ -290,10 +291,10 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
     config = load_config(CurateConfig, config_path)
     ref_texts = read_reference(config, reference, lang)
     heur = config.heuristics.model_copy(update={"compat": "quipu"})
-    junk_texts = read_texts(junk) if junk else None
+    junk_texts = read_texts(junk, "--junk") if junk else None
     crawl_lid, crawl_texts = None, None
     if crawl:
-        crawl_texts = read_texts(crawl)
+        crawl_texts = read_texts(crawl, "--crawl")
         if not crawl_texts:
             raise CalibrateError(f"--crawl: no documents in {', '.join(crawl)}")
         crawl_labels, crawl_scores, _ = cal.lid_scores(crawl_texts, lang, config.langid)
@@ -360,7 +361,7 @@ def write_calibrated(config_path: str, raw: dict, lang: str, values: dict, keep:
     earlier = [line[2:] for line in Path(config_path).read_text(encoding="utf-8").splitlines()
                if line.startswith("# calibrated ") and not line.startswith(f"# calibrated {lang}:")]
     header = ["written by `quipu calibrate`: every calibrated threshold says which statistic and percentile",
-              "of the reference documents it is (clipped to the rule's plausible range where noted); README, Languages",
+              "of the reference documents it is (clipped to the rule's plausible range where noted); docs/languages.md",
               *earlier, f"calibrated {lang}: --keep {keep}, {len(ref_texts)} reference documents from "
                         f"{', '.join(Path(r).name for r in reference)}"]
     written = str(output)

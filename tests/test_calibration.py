@@ -2,6 +2,7 @@
 configs/curate/default.yaml as shipped on prose and junk it was not calibrated on."""
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -125,6 +126,28 @@ def test_calibrate_refuses_empty_small_and_foreign_references_in_one_line(tmp_pa
         with pytest.raises(CalibrateError) as e:
             run_calibration(demo, [glob], lang, output=str(tmp_path / "out.yaml"))
         assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_calibrate_refuses_a_crawl_sample_of_html_it_would_read_as_nothing(tmp_path):
+    """A WARC of HTML pages as `--crawl` gave no text (extraction's work, not calibrate's) and was
+    reported as an empty sample; now it is refused naming the option and what to give instead."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    from quipu.flows.calibrate import CalibrateError, run_calibration
+    warc = tmp_path / "sample.warc.gz"
+    with open(warc, "wb") as fh:
+        writer = WARCWriter(fh, gzip=True)
+        for i in range(3):
+            page = f"<html><body><p>Page {i} of a crawl, with a sentence or two of prose.</p></body></html>".encode()
+            http = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.1")
+            writer.write_record(writer.create_warc_record(f"https://example.org/{i}", "response",
+                                                          payload=io.BytesIO(page), http_headers=http))
+    with pytest.raises(CalibrateError) as e:
+        run_calibration(str(ROOT / "configs" / "curate" / "demo.yaml"), [str(_english_reference(tmp_path))], "en",
+                        output=str(tmp_path / "out.yaml"), crawl=[str(warc)])
+    assert str(e.value).startswith("--crawl: 3 HTML or PDF records") and "keep_intermediate" in str(e.value), str(e.value)
     assert not (tmp_path / "out.yaml").exists()
 
 

@@ -90,13 +90,17 @@ def field_value(meta: dict, key: str):
 
 
 def iter_documents(files: list[str], counts: dict | None = None, lang: str | None = None):
-    """(document, record metadata) of every readable text record of `files`, in file order."""
+    """(document, record metadata) of every readable text record of `files`, in file order. HTML
+    pages and PDFs (of WARC/ARC and .pdf files) are extraction's work, not read here: counted as
+    `not_extracted`."""
     from quipu.tasks.readers import RawRecord, ReadStats, read
     for path in files:
         for rec in read(path, ReadStats()):
             if not isinstance(rec, RawRecord) or rec.text is None or rec.reject:
                 if counts is not None:
-                    counts["unreadable"] = counts.get("unreadable", 0) + 1
+                    payload = isinstance(rec, RawRecord) and (rec.html is not None or rec.pdf is not None)
+                    why = "not_extracted" if payload else "unreadable"
+                    counts[why] = counts.get(why, 0) + 1
                 continue
             meta = rec.metadata
             yield {"id": rec.id, "text": rec.text, "lang": lang or str(field_value(meta, "lang") or "und"),
@@ -120,13 +124,14 @@ def read_source(src: TextSource, counts: dict | None = None, dataset_kind: str |
     return out
 
 
-def read_documents(patterns: list[str], languages: list[str] | None = None, min_chars: int = 1) -> list[dict]:
+def read_documents(patterns: list[str], languages: list[str] | None = None, min_chars: int = 1,
+                   counts: dict | None = None) -> list[dict]:
     """Every document of the files the globs match (sorted, each file once) with at least `min_chars`
-    characters, of `languages` (None: any)."""
+    characters, of `languages` (None: any); records not read are counted in `counts`."""
     from quipu.tasks.readers import expand_inputs
     try:
         files = expand_inputs(patterns)
     except FileNotFoundError as e:
         raise SourceError(str(e)) from None
-    return [d for d, _ in iter_documents(files)
+    return [d for d, _ in iter_documents(files, counts)
             if d["text"] and len(d["text"]) >= min_chars and (not languages or d["lang"] in languages)]
