@@ -1,4 +1,5 @@
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -106,3 +107,22 @@ def test_catalog_show_and_report_by_run_id_dataset_and_version(tmp_path, capsys)
     assert main(["report", "show-ds@9"]) == 2
     assert "has no version 9 (it has 1, 2)" in capsys.readouterr().err
     assert main(["catalog", "show", "nothing-here"]) == 2
+
+
+def test_a_process_record_names_one_process_even_after_its_pid_is_reused():
+    """catalog/processes.py: host, pid and start time name one process; the same pid with another
+    start time is a reused pid (not alive); a record from another host is unknown (None), not dead."""
+    import socket
+    import subprocess
+
+    from quipu.catalog.processes import owner_alive, process_owner, process_start
+    me = process_owner()
+    host, pid, start = me.rsplit(":", 2)
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid()) and owner_alive(me) is True
+    assert owner_alive(f"{host}:{pid}:{int(start) - 1}") is False        # this pid, an earlier process's start
+    assert owner_alive(f"not-{host}:{pid}:{start}") is None              # another host: cannot tell
+    assert owner_alive("no owner") is None
+    gone = subprocess.Popen(["true"])
+    gone_start = process_start(gone.pid)
+    gone.wait()
+    assert process_start(gone.pid) is None and owner_alive(f"{host}:{gone.pid}:{gone_start}") is False
