@@ -30,6 +30,23 @@ def test_stale_temporaries_are_removed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".tmp-notes.txt", "keep.json"]
 
 
+def test_stale_temporaries_only_in_root_when_asked_and_never_a_link(tmp_path):
+    """`recursive=False` clears the folder itself, not its subfolders; a link named like a temporary
+    (someone else's) is left, as is what it points to."""
+    from quipu.catalog.files import TMP_PREFIX
+    (tmp_path / "sub").mkdir()
+    top, deep = tmp_path / f"{TMP_PREFIX}top.1", tmp_path / "sub" / f"{TMP_PREFIX}deep.1"
+    top.write_bytes(b"x")
+    deep.write_bytes(b"x")
+    (tmp_path / "user.txt").write_text("u")
+    link = tmp_path / f"{TMP_PREFIX}link"
+    link.symlink_to(tmp_path / "user.txt")
+    assert remove_stale_temporaries(tmp_path, recursive=False) == 1
+    assert not top.exists() and deep.exists() and link.is_symlink()
+    assert remove_stale_temporaries(tmp_path) == 1
+    assert not deep.exists() and link.is_symlink() and (tmp_path / "user.txt").read_text() == "u"
+
+
 def test_runs_datasets_models_lineage_roundtrip(tmp_path):
     run_id = registry.start_run("curate", {"a": 1}, str(tmp_path))
     shard = tmp_path / "part-00000.parquet"
