@@ -54,6 +54,21 @@ def test_identity_decides_resume_refuse_or_overwrite(tmp_path):
     assert json.loads((out / IDENTITY_NAME).read_text()) == b
 
 
+def test_curates_identity_leaves_out_what_does_not_change_its_output():
+    """ownership's docstring: worker count, task runner and artifact names are not part of a curate
+    run's identity (the same output resumes however it is run); a setting of a stage is."""
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import NOT_IDENTITY
+    from quipu.flows.curate_config import CurateConfig
+
+    def ident(*sets: str) -> dict:
+        cfg = load_config(CurateConfig, ROOT / "configs" / "curate" / "demo.yaml", list(sets))
+        return identity(["a.jsonl"], cfg.model_dump(mode="json"), NOT_IDENTITY)
+    base = ident()
+    assert ident("workers=7", "runner.kind=dask", "runner.dask_workers=3", "artifact_prefix=nightly") == base
+    assert ident("heuristics.enabled=false") != base and ident("extract.min_chars=7") != base
+
+
 def test_results_without_an_identity_are_not_taken_over(tmp_path):
     out = tmp_path / "out"
     (out / "curated").mkdir(parents=True)
