@@ -510,6 +510,10 @@ def test_sigkill_at_each_point_then_resume_gives_the_same_bytes(tmp_path, shared
 # tests/test_trainer.py::test_resume_is_exact covers a clean stop (train.stop_at_step) and steps logged
 # past the last checkpoint; nothing there kills the process, nor during a checkpoint write.
 
+# room for both kills (after the third checkpoint, then during a later write) and steps after them
+TRAIN_STEPS = 8
+
+
 def _train_config(tmp_path: Path) -> Path:
     from tests.test_trainer import base_config, synthetic_docs, write_curated
     write_curated(tmp_path / "cur-en", "fs-en", synthetic_docs(120, 11, "en"))
@@ -518,7 +522,7 @@ def _train_config(tmp_path: Path) -> Path:
     # checkpoint takes long enough to be caught; a checkpoint after every step
     cfg = base_config(tmp_path / "unused", **{
         "data.phases": [{"name": "general", "sources": [{"dataset": "fs-en", "weight": 0.7}, {"dataset": "fs-es", "weight": 0.3}]}],
-        "model.dim": 256, "model.n_layers": 4, "train.max_steps": 14, "eval.every": 7,
+        "model.dim": 256, "model.n_layers": 4, "train.max_steps": TRAIN_STEPS, "eval.every": 4,
         "checkpoint.every": 1, "checkpoint.keep_last": 2})
     path = tmp_path / "train.json"
     path.write_text(json.dumps(cfg))
@@ -546,7 +550,7 @@ def test_sigkill_train_between_and_during_checkpoint_writes_resumes_exactly(tmp_
     Killer(["train", str(cfg), "--output", str(run)]).run_until(
         lambda: 3 in _steps(run) and not _any(run, "checkpoints/.tmp-*"), "after the third checkpoint")
     done_before = max(_steps(run))
-    assert done_before < 14
+    assert done_before < TRAIN_STEPS
     # during a write: a new temporary checkpoint appears (the test retries if the rename won the race)
     hit = False
     for _ in range(4):
