@@ -206,15 +206,27 @@ def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Pa
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)
 
 
+# what the CLI sets in its process's environment for the flows it runs (progress.py): a CLI call in the
+# test process must not hand its --quiet/--verbose or logging config to the tests after it
+_CLI_ENV = ("QUIPU_VERBOSITY", "PREFECT_LOGGING_SETTINGS_PATH")
+
+
 def quipu_main(*args: str) -> int:
     """The `quipu` CLI in this process (where the command line itself is not what a test checks: no
     interpreter start and Prefect import per call), from the repository root, against the session's
-    Prefect server; its output goes to pytest's capture (`capsys`)."""
+    Prefect server; its output goes to pytest's capture (`capsys`). The environment variables the CLI
+    sets for its flows are restored afterwards."""
     from quipu.flows.cli import main
     start_prefect_server()
     cwd = os.getcwd()
+    saved = {k: os.environ.get(k) for k in _CLI_ENV}
     os.chdir(ROOT)
     try:
         return main(list(args))
     finally:
         os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
