@@ -143,3 +143,38 @@ def test_a_process_record_names_one_process_even_after_its_pid_is_reused():
     gone_start = process_start(gone.pid)
     gone.wait()
     assert process_start(gone.pid) is None and owner_alive(f"{host}:{gone.pid}:{gone_start}") is False
+
+
+def test_a_catalog_that_is_not_a_database_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """catalog/db.py: a damaged catalog file, or a directory in its place, is CatalogUnreadable naming
+    it and the fix; QUIPU_CATALOG_URL, when set, is used instead of $QUIPU_HOME/catalog.db."""
+    from quipu.catalog import db
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "catalog.db").write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)     # a header, then garbage
+    monkeypatch.setenv("QUIPU_HOME", str(home))
+    monkeypatch.delenv("QUIPU_CATALOG_URL", raising=False)
+    with pytest.raises(db.CatalogUnreadable, match=r"catalog database .*home/catalog.db is unreadable \(.*\): move it away"):
+        db.engine()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "catalog.db").mkdir()
+    monkeypatch.setenv("QUIPU_HOME", str(other))
+    with pytest.raises(db.CatalogUnreadable, match="it is a directory, not a database file"):
+        db.engine()
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.setenv("QUIPU_CATALOG_URL", url)
+    assert db.catalog_url() == url and db.engine().url.database == str(tmp_path / "elsewhere.db")
+
+
+def test_a_catalog_from_before_a_column_was_added_gets_the_column(tmp_path):
+    import sqlalchemy as sa
+
+    from quipu.catalog import db
+    table = next(t for t in db.metadata.sorted_tables if len(t.columns) > 2)
+    first = next(iter(table.columns))
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with sa.create_engine(url).begin() as conn:     # the table as an older quipu made it: one column
+        conn.execute(sa.text(f"CREATE TABLE {table.name} ({first.name} {first.type.compile(dialect=conn.dialect)})"))
+    have = {c["name"] for c in sa.inspect(db._engine_for(url)).get_columns(table.name)}
+    assert have == {c.name for c in table.columns}
