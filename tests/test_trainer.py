@@ -376,6 +376,12 @@ def test_spike_guard_unit():
     assert g.check(float("nan")) == "non-finite grad norm"
     assert "median" in g.check(10.0) and g.needs_rollback
     assert g.check(3.9) is None and g.consecutive == 0
+    # the median is of accepted steps only (spikes never raise it), over the last `window` of them
+    g = SpikeGuard(SpikeConfig(factor=2, min_history=2, window=3, max_consecutive=9))
+    assert [g.check(x) is None for x in (1.0, 1.0, 100.0, 100.0, 100.0, float("inf"))] == [True, True] + [False] * 4
+    assert g.history == [1.0, 1.0] and g.consecutive == 4
+    assert [g.check(x) for x in (1.5, 1.9, 1.6)] == [None] * 3 and g.history == [1.5, 1.9, 1.6]
+    assert SpikeGuard(SpikeConfig(enabled=False)).check(float("nan")) is None
 
 
 def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
