@@ -469,7 +469,7 @@ def kill_points(points: list) -> list:
 
 @pytest.mark.slow
 def test_sigkill_at_each_point_then_resume_gives_the_same_bytes(tmp_path, shared_data, tiny_models, prefect_server):
-    from tests.conftest import run_quipu
+    from tests.conftest import quipu_main
 
     def args(out: Path) -> list[str]:
         a = ["curate", str(DEMO), "--output", str(out), *all_stages_args(tiny_models), "--set", "extract.shard_mb=0.15"]
@@ -477,9 +477,8 @@ def test_sigkill_at_each_point_then_resume_gives_the_same_bytes(tmp_path, shared
             a += ["--input", str(shared_data / p)]
         return a
 
-    ref = tmp_path / "straight"
-    r = run_quipu(*args(ref), timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
+    ref = tmp_path / "straight"         # the reference and the resume in this process: the kills are the subject
+    assert quipu_main(*args(ref)) == 0
     expected = curated_bytes(ref)
     assert expected
 
@@ -496,8 +495,7 @@ def test_sigkill_at_each_point_then_resume_gives_the_same_bytes(tmp_path, shared
     for what, cond in chosen:
         k.run_until(cond, what)
         assert not (run / "run.json").exists(), f"the run finished before the kill: {what}"
-    r = run_quipu(*args(run), timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert quipu_main(*args(run)) == 0
     assert curated_bytes(run) == expected, f"killed {[w for w, _ in chosen]}: the resumed run's bytes differ"
     assert not list(run.rglob(".tmp-*"))
     a, b = (json.loads((d / "run.json").read_text()) for d in (ref, run))
@@ -536,13 +534,12 @@ def _steps(run: Path) -> set[int]:
 @pytest.mark.slow
 def test_sigkill_train_between_and_during_checkpoint_writes_resumes_exactly(tmp_path, prefect_server):
     import torch
-    from tests.conftest import run_quipu
+    from tests.conftest import quipu_main
     from tests.test_trainer import final_weights, losses
 
     cfg = _train_config(tmp_path)
     straight = tmp_path / "straight"
-    r = run_quipu("train", str(cfg), "--output", str(straight), timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert quipu_main("train", str(cfg), "--output", str(straight)) == 0   # in process: the kills are the subject
 
     run = tmp_path / "killed"
     ck = run / "checkpoints"
@@ -561,8 +558,7 @@ def test_sigkill_train_between_and_during_checkpoint_writes_resumes_exactly(tmp_
             hit = True
             break
     assert hit, "never killed inside a checkpoint write"
-    r = run_quipu("train", str(cfg), "--output", str(run), "--resume", timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert quipu_main("train", str(cfg), "--output", str(run), "--resume") == 0
     assert losses(run) == losses(straight)
     a, b = final_weights(straight), final_weights(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
