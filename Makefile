@@ -4,10 +4,11 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist: one worker per logical CPU, each test file on one worker (its module fixtures built once);
+# pytest-xdist: one worker per logical CPU, each test file on one worker (its module fixtures built once),
+# the longest files first (tests/file_seconds.json; not xdist's order by number of tests);
 # TEST_WORKERS=0 runs the suite in this process
 TEST_WORKERS ?= logical
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 KENLM_VERSION := 0.3.0
 KENLM_DIR := build/kenlm
 
@@ -58,8 +59,10 @@ test-fast: install
 
 # The readers fuzzed with 1,500 examples per format from a new seed each run (printed; replay one
 # with QUIPU_FUZZ_SEED=N make fuzz). The suite runs a smaller fixed sample of the same tests.
+# Then the curate run SIGKILLed at every point (the suite kills at 2 of them, a new draw each run).
 fuzz: install
 	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s -m fuzz tests/test_fuzz_readers.py $(PYTEST_ARGS)
+	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s tests/test_fault_suite.py -k sigkill_at_each_point $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails.
 docs: install

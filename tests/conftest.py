@@ -7,6 +7,7 @@ and any skip but a `gpu` test's (no CUDA device) is reported as a failure.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -117,12 +118,25 @@ def pytest_make_collect_report(collector):
         report.longrepr = f"CI=true: a skipped module fails the run: {reason}"
 
 
+# Seconds per test file (setup + call + teardown of its tests on a 2-worker run; see tests/README.md),
+# the order in which `make test` hands files to its workers: longest first, so that the short files
+# fill the end and both workers finish together. `--durations=N` prints a run's own table to paste
+# into tests/file_seconds.json.
+FILE_SECONDS = json.loads((ROOT / "tests" / "file_seconds.json").read_text())
+
+
+def expected_seconds(path: str, n_slow: int) -> float:
+    """A file's measured seconds; a file not yet measured: a guess from its `slow` tests."""
+    return FILE_SECONDS.get(path, 20 + 60 * n_slow)
+
+
 def pytest_collection_modifyitems(config, items):
     """`fuzz` tests (thousands of examples from a new seed) run under `make fuzz` (QUIPU_FUZZ=1)
-    only; the suite runs their fixed, smaller sample. Files with the most `slow` tests run first:
-    `make test` hands whole files to its workers in this order (pytest-xdist, --dist loadfile), and
-    the long ones started first leave the short ones to fill the end rather than one long file
-    running alone at the end."""
+    only; the suite runs their fixed, smaller sample. The longest files (FILE_SECONDS) run first:
+    `make test` hands whole files to its workers in this order (pytest-xdist, --dist loadfile with
+    --no-loadscope-reorder, which would otherwise order files by their number of tests), and the
+    long ones started first leave the short ones to fill the end rather than one long file running
+    alone at the end."""
     if os.environ.get("QUIPU_FUZZ") != "1":
         fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
         if fuzz:
@@ -131,7 +145,33 @@ def pytest_collection_modifyitems(config, items):
     slow: dict[str, int] = {}
     for item in items:
         slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])   # stable: a file's own order is kept
+    items.sort(key=lambda item: -expected_seconds(item.nodeid.split("::")[0], slow[item.nodeid.split("::")[0]]))   # stable
+
+
+_file_seconds: dict[str, float] = {}
+_worker_seconds: dict[str, list[float]] = {}   # worker -> [seconds of tests, seconds since the start at its last report]
+_started = time.time()
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    busy = _worker_seconds.setdefault(worker.id if worker else "main", [0.0, 0.0])
+    busy[0] += report.duration
+    busy[1] = time.time() - _started
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With --durations: the seconds per test file (the table FILE_SECONDS reads) and each worker's
+    seconds of tests and its last report, to see whether the workers ended together."""
+    if config.option.durations is None or not _file_seconds:
+        return
+    terminalreporter.write_sep("=", "seconds per test file (tests/file_seconds.json)")
+    table = {k: round(v) for k, v in sorted(_file_seconds.items(), key=lambda kv: -kv[1])}
+    terminalreporter.write_line(json.dumps(table, indent=0))
+    for worker, (busy, last) in sorted(_worker_seconds.items()):
+        terminalreporter.write_line(f"{worker}: {busy:.0f} s of tests, last report at {last:.0f} s")
 
 
 @pytest.fixture(scope="session")
@@ -166,15 +206,27 @@ def run_quipu(*args: str, timeout: float = 600, env: dict | None = None, cwd: Pa
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)
 
 
+# what the CLI sets in its process's environment for the flows it runs (progress.py): a CLI call in the
+# test process must not hand its --quiet/--verbose or logging config to the tests after it
+_CLI_ENV = ("QUIPU_VERBOSITY", "PREFECT_LOGGING_SETTINGS_PATH")
+
+
 def quipu_main(*args: str) -> int:
     """The `quipu` CLI in this process (where the command line itself is not what a test checks: no
     interpreter start and Prefect import per call), from the repository root, against the session's
-    Prefect server; its output goes to pytest's capture (`capsys`)."""
+    Prefect server; its output goes to pytest's capture (`capsys`). The environment variables the CLI
+    sets for its flows are restored afterwards."""
     from quipu.flows.cli import main
     start_prefect_server()
     cwd = os.getcwd()
+    saved = {k: os.environ.get(k) for k in _CLI_ENV}
     os.chdir(ROOT)
     try:
         return main(list(args))
     finally:
         os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -27,6 +28,23 @@ def test_stale_temporaries_are_removed(tmp_path):
     assert remove_stale_temporaries(tmp_path) == 1
     assert (tmp_path / "a" / ".tmp-notes.txt").exists()
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".tmp-notes.txt", "keep.json"]
+
+
+def test_stale_temporaries_only_in_root_when_asked_and_never_a_link(tmp_path):
+    """`recursive=False` clears the folder itself, not its subfolders; a link named like a temporary
+    (someone else's) is left, as is what it points to."""
+    from quipu.catalog.files import TMP_PREFIX
+    (tmp_path / "sub").mkdir()
+    top, deep = tmp_path / f"{TMP_PREFIX}top.1", tmp_path / "sub" / f"{TMP_PREFIX}deep.1"
+    top.write_bytes(b"x")
+    deep.write_bytes(b"x")
+    (tmp_path / "user.txt").write_text("u")
+    link = tmp_path / f"{TMP_PREFIX}link"
+    link.symlink_to(tmp_path / "user.txt")
+    assert remove_stale_temporaries(tmp_path, recursive=False) == 1
+    assert not top.exists() and deep.exists() and link.is_symlink()
+    assert remove_stale_temporaries(tmp_path) == 1
+    assert not deep.exists() and link.is_symlink() and (tmp_path / "user.txt").read_text() == "u"
 
 
 def test_runs_datasets_models_lineage_roundtrip(tmp_path):
@@ -106,3 +124,57 @@ def test_catalog_show_and_report_by_run_id_dataset_and_version(tmp_path, capsys)
     assert main(["report", "show-ds@9"]) == 2
     assert "has no version 9 (it has 1, 2)" in capsys.readouterr().err
     assert main(["catalog", "show", "nothing-here"]) == 2
+
+
+def test_a_process_record_names_one_process_even_after_its_pid_is_reused():
+    """catalog/processes.py: host, pid and start time name one process; the same pid with another
+    start time is a reused pid (not alive); a record from another host is unknown (None), not dead."""
+    import socket
+    import subprocess
+
+    from quipu.catalog.processes import owner_alive, process_owner, process_start
+    me = process_owner()
+    host, pid, start = me.rsplit(":", 2)
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid()) and owner_alive(me) is True
+    assert owner_alive(f"{host}:{pid}:{int(start) - 1}") is False        # this pid, an earlier process's start
+    assert owner_alive(f"not-{host}:{pid}:{start}") is None              # another host: cannot tell
+    assert owner_alive("no owner") is None
+    gone = subprocess.Popen(["true"])
+    gone_start = process_start(gone.pid)
+    gone.wait()
+    assert process_start(gone.pid) is None and owner_alive(f"{host}:{gone.pid}:{gone_start}") is False
+
+
+def test_a_catalog_that_is_not_a_database_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """catalog/db.py: a damaged catalog file, or a directory in its place, is CatalogUnreadable naming
+    it and the fix; QUIPU_CATALOG_URL, when set, is used instead of $QUIPU_HOME/catalog.db."""
+    from quipu.catalog import db
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "catalog.db").write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)     # a header, then garbage
+    monkeypatch.setenv("QUIPU_HOME", str(home))
+    monkeypatch.delenv("QUIPU_CATALOG_URL", raising=False)
+    with pytest.raises(db.CatalogUnreadable, match=r"catalog database .*home/catalog.db is unreadable \(.*\): move it away"):
+        db.engine()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "catalog.db").mkdir()
+    monkeypatch.setenv("QUIPU_HOME", str(other))
+    with pytest.raises(db.CatalogUnreadable, match="it is a directory, not a database file"):
+        db.engine()
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.setenv("QUIPU_CATALOG_URL", url)
+    assert db.catalog_url() == url and db.engine().url.database == str(tmp_path / "elsewhere.db")
+
+
+def test_a_catalog_from_before_a_column_was_added_gets_the_column(tmp_path):
+    import sqlalchemy as sa
+
+    from quipu.catalog import db
+    table = next(t for t in db.metadata.sorted_tables if len(t.columns) > 2)
+    first = next(iter(table.columns))
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with sa.create_engine(url).begin() as conn:     # the table as an older quipu made it: one column
+        conn.execute(sa.text(f"CREATE TABLE {table.name} ({first.name} {first.type.compile(dialect=conn.dialect)})"))
+    have = {c["name"] for c in sa.inspect(db._engine_for(url)).get_columns(table.name)}
+    assert have == {c.name for c in table.columns}

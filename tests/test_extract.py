@@ -127,6 +127,29 @@ def test_fast_path_guard_sends_pages_that_are_not_prose_to_trafilatura():
     assert html_text.prose_share("one two\nThis line has well over eight words and ends with a stop.") == 12 / 14
 
 
+PROSE = "".join(f"<p>Paragraph {i}: the river rose slowly through the night and the old bridge went under "
+                f"water while families carried what they could up the hill.</p>" for i in range(12))
+
+
+def test_fast_path_skips_boilerplate_elements_unless_the_article_sits_in_one():
+    """html_text's docstring: `<header>` and elements whose class or id says caption/author/byline
+    are skipped; when skipping them leaves no text (the article was inside one), resiliparse's text
+    without the skip is used; a page with no text at all goes to trafilatura (GUARD_NO_TEXT)."""
+    from quipu.tasks import html_text
+    page = ("<html><body><article><header>SITE HEADER TEXT</header><div class='Byline'>By Jane Roe, staff writer</div>"
+            + PROSE + "<div id='photo-caption'>A caption under the photo</div></article></body></html>")
+    assert all(w in html_text.resiliparse_text(page, skip=None) for w in ("SITE HEADER", "Jane Roe", "A caption"))
+    text, path = html_text.main_text(page, None, "fast", {}, 0.85)
+    assert path == html_text.FAST and "river rose slowly" in text
+    assert not any(w in text for w in ("SITE HEADER", "Jane Roe", "A caption")), text[:300]
+    inside = f"<html><body><div class='author-box'>{PROSE}</div></body></html>"
+    assert html_text.resiliparse_text(inside).strip() == ""
+    text, path = html_text.main_text(inside, None, "fast", {}, 0.85)
+    assert path == html_text.FAST and text.count("river rose slowly") == 12
+    assert html_text.main_text("<html><body><img src='x.png'></body></html>", None, "fast", {}, 0.85) == \
+        (None, html_text.GUARD_NO_TEXT)
+
+
 def test_pages_sent_ahead_are_answered_in_order_and_resent_after_a_timeout():
     ex = HtmlExtractor()
     a, b, c = object(), object(), object()

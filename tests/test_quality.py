@@ -280,6 +280,11 @@ def test_one_text_source_reads_what_every_trainer_reads(tmp_path):
     with pytest.raises(SourceError, match="yielded no documents"):
         read_source(TextSource(path=str(f), where={"label": "none"}))
     assert ids(read_documents([str(f), str(tmp_path / "*.jsonl")], ["en", "pt"], min_chars=10)) == ["c"]
+    # a document's lang: the source's, else the record's, else "und"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "n.jsonl").write_text(json.dumps({"id": "n", "text": "no language field"}) + "\n")
+    assert [d["lang"] for d in read_source(TextSource(path=str(tmp_path / "sub")))] == ["und"]
+    assert [d["lang"] for d in read_source(TextSource(path=str(f)))] == ["en", "es", "pt"]
 
 
 @pytest.mark.slow

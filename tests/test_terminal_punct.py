@@ -12,7 +12,7 @@ import pytest
 from quipu.tasks.pipeline import run_local
 from quipu.tasks.stage import write_table
 from quipu.tasks.terminal_punct import TerminalPunctConfig, terminal_punct_ratio
-from tests.conftest import ROOT, run_quipu
+from tests.conftest import ROOT, quipu_main
 
 PROSE = "The river rose in the night.\nBy morning the bridge was gone!\nWho could have known?"
 MENU = "Home\nAbout us\nProducts\nContact\nLogin"
@@ -80,9 +80,8 @@ def test_in_the_curate_flow(tmp_path, prefect_server):
     out = tmp_path / "run"
     from quipu.tasks.pipeline import STAGES
     off = [f"--set={s.name}.enabled=false" for s in STAGES if s.name != "terminal_punct"]
-    r = run_quipu("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(inp), "--output", str(out),
-                  "--set", "terminal_punct.enabled=true", "--set", "terminal_punct.threshold=0.6", *off, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert quipu_main("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(inp), "--output", str(out),
+                      "--set", "terminal_punct.enabled=true", "--set", "terminal_punct.threshold=0.6", *off) == 0
     run = json.loads((out / "run.json").read_text())
     assert [s["name"] for s in run["stages"]] == ["extract", "terminal_punct"]
     assert run["stages"][1]["removed_by_reason"] == {"terminal_punct<0.60": 2}

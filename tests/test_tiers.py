@@ -177,6 +177,20 @@ def test_equal_tokens_selection_takes_the_same_tokens_per_language(tmp_path):
     assert again["random"]["parts"][0].sha256 == out["random"]["parts"][0].sha256
 
 
+def test_selection_order_is_fixed_by_seed_and_ids_not_by_file_order():
+    """ablate_select: each variant takes its documents in an order fixed by `sample_seed` and the ids
+    alone, so the same documents in another file order are taken in the same order."""
+    import random
+
+    from quipu.flows.ablate_select import sample_order
+    ids = [f"doc-{i}" for i in range(60)]
+    order = [ids[i] for i in sample_order(ids, 3)]
+    shuffled = ids[:]
+    random.Random(1).shuffle(shuffled)
+    assert [shuffled[i] for i in sample_order(shuffled, 3)] == order
+    assert sorted(order) == sorted(ids) and order != ids and [ids[i] for i in sample_order(ids, 4)] != order
+
+
 def test_tiers_fit_command(tmp_path, capsys):
     pq.write_table(docs(300), tmp_path / "scored.parquet")
     out = tmp_path / "t.json"

@@ -376,6 +376,30 @@ def test_spike_guard_unit():
     assert g.check(float("nan")) == "non-finite grad norm"
     assert "median" in g.check(10.0) and g.needs_rollback
     assert g.check(3.9) is None and g.consecutive == 0
+    # the median is of accepted steps only (spikes never raise it), over the last `window` of them
+    g = SpikeGuard(SpikeConfig(factor=2, min_history=2, window=3, max_consecutive=9))
+    assert [g.check(x) is None for x in (1.0, 1.0, 100.0, 100.0, 100.0, float("inf"))] == [True, True] + [False] * 4
+    assert g.history == [1.0, 1.0] and g.consecutive == 4
+    assert [g.check(x) for x in (1.5, 1.9, 1.6)] == [None] * 3 and g.history == [1.5, 1.9, 1.6]
+    assert SpikeGuard(SpikeConfig(enabled=False)).check(float("nan")) is None
+
+
+def test_sample_is_seeded_and_leaves_the_model_in_its_mode():
+    """trainer/sampling.py: the same weights and seed give the same sample (another seed another),
+    it continues the prompt, 0 tokens is "", and the model is left in the mode it was in."""
+    from quipu.trainer.model import Llama, ModelConfig
+    from quipu.trainer.sampling import sample
+    from quipu.trainer.tokenizer import BOS, EOS, TextTokenizer, train_bpe
+    texts = ["el gato come pescado y el perro duerme en la casa"] * 50 + ["the cat eats fish and the dog sleeps"] * 50
+    tok = TextTokenizer(train_bpe(texts, 300, 2), BOS, EOS, Path("unused"))
+    torch.manual_seed(0)
+    model = Llama(ModelConfig(vocab_size=320, dim=32, n_layers=1, n_heads=2, max_seq_len=64)).train()
+    cpu = torch.device("cpu")
+    a = sample(model, tok, "el gato", 12, seed=7, device=cpu)
+    assert a.startswith("el gato") and len(a) > len("el gato") and model.training
+    assert sample(model, tok, "el gato", 12, seed=7, device=cpu) == a != sample(model, tok, "el gato", 12, seed=8, device=cpu)
+    assert not model.eval().training and sample(model, tok, "el gato", 12, seed=7, device=cpu) == a and not model.training
+    assert sample(model, tok, "el gato", 0, seed=7, device=cpu) == ""
 
 
 def test_spike_guard_skips_and_rolls_back(prepared, tmp_path):
