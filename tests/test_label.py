@@ -231,14 +231,41 @@ def test_serve_labeller_answers_the_shipped_config_over_http(labeller, tmp_path)
     assert 0 < report["this_run"]["tokens_out"] <= 3 * 6
 
 
-@pytest.mark.slow
-def test_label_command_runs_the_flow(labeller, tmp_path, monkeypatch, capsys):
-    """`quipu label` end to end (a Prefect flow run): the report's lines on stdout, the files written."""
-    from tests.conftest import quipu_main
-    monkeypatch.setenv("QUIPU_VERBOSITY", os.environ.get("QUIPU_VERBOSITY", ""))
-    write_docs(tmp_path / "in.jsonl", ["a", "b"])
-    assert quipu_main("label", "configs/label/edu.yaml", "--endpoint", labeller[1], "--output", str(tmp_path / "out"),
-                      "--set", f"input=['{tmp_path / 'in.jsonl'}']", "--set", "max_tokens=4") == 0
-    assert "per 1,000 documents" in capsys.readouterr().out
-    assert len((tmp_path / "out" / "labelled.jsonl").read_text().splitlines()) == 2
-    assert quipu_main("label", "configs/label/edu.yaml", "--set", f"input=['{tmp_path / 'nothing*.jsonl'}']") != 0
+def test_labels_train_the_fasttext_judge_as_shipped(tmp_path):
+    """Labels from the endpoint -> configs/quality/edu.yaml (its inputs pointed at the labels) -> a
+    fastText judge that the `edu` stage applies: the LLM's good documents score above its poor ones."""
+    import random
+
+    from quipu.flows.config import load_config
+    from quipu.tasks.classifiers.quality_edu import EduConfig, EduFilter
+    from quipu.trainer.classifier_train import ClassifierTrainConfig, evaluate_file, model_meta, prepare_data, train_model
+    from quipu.trainer.fasttext_classifier import model_sidecar
+    from quipu.catalog.files import write_json_atomic
+    rng = random.Random(0)
+    good = "la fotosíntesis convierte la luz en energía química en las plantas y las algas verdes".split()
+    poor = "compra ahora oferta barata descuento gratis envío clic aquí mejor precio ganga".split()
+    rows = [{"id": f"d{i}", "lang": "es", "text": f"doc-{i}-ok{4 if i % 2 else 1} " +
+             " ".join(rng.choice(good if i % 2 else poor) for _ in range(30))} for i in range(80)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    server = Flaky()
+    try:
+        label_documents(config(tmp_path / "in.jsonl", tmp_path / "labels", server.url), log=lambda m: None)
+    finally:
+        server.close()
+    labelled = str(tmp_path / "labels" / "labelled.jsonl")
+    cfg = load_config(ClassifierTrainConfig, ROOT / "configs/quality/edu.yaml", [
+        f"positive=[{{path: '{labelled}', where: {{edu_class: hq}}}}]",
+        f"negative=[{{path: '{labelled}', where: {{edu_class: lq}}}}]", f"output={tmp_path / 'edu'}"])
+    data = prepare_data(cfg, cfg.output)
+    model = str(Path(cfg.output) / "model.bin")
+    write_json_atomic(model_sidecar(model), model_meta(cfg, data))
+    train_model(data["train"], cfg.fasttext, cfg.seed, model)
+    assert evaluate_file(model, data["valid"], cfg.threshold)["roc_auc"] >= 0.9
+    import pyarrow as pa
+    stage = EduFilter(EduConfig(enabled=True, model=model))
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows], "lang": ["es"] * 80})
+    out = stage.process(table)
+    scores = out.kept.column("edu_score").to_pylist() + out.removed.column("edu_score").to_pylist()
+    ids = out.kept.column("id").to_pylist() + out.removed.column("id").to_pylist()
+    by_id = dict(zip(ids, scores))
+    assert min(by_id[f"d{i}"] for i in range(1, 80, 2)) > max(by_id[f"d{i}"] for i in range(0, 80, 2))
