@@ -40,7 +40,7 @@ COMMANDS = [
     (ablate_cli, "ablate"),
     (calibrate, "calibrate"),
     (tiers_cli, "tiers fit"),
-    (label_cli, "label, serve-labeller"),
+    (label_cli, "label, serve-labeller, label-head"),
     (demo, "demo"),
     (config_cli, "config show"),
 ]

