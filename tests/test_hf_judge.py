@@ -2,18 +2,14 @@
 Tiny models the tests build themselves (tests/hf_tiny.py): no download."""
 from __future__ import annotations
 
-import json
-import math
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from quipu.catalog.errors import UserError
 from quipu.tasks.classifiers.transformer_judge import HfJudge, HfJudgeConfig
-from quipu.tasks.stage import Shard
 from quipu.trainer.hf_classifier import HfModelError, load_hf_classifier
-from tests.hf_tiny import WORDS, tiny_bert
+from tests.hf_tiny import tiny_bert
 
 TEXTS = {
     "es": ["el la de que y a en un ser se no los las por con una para es " * k for k in (1, 3, 9, 40)]
@@ -132,4 +128,4 @@ def test_bad_folder_or_head_is_one_line_before_any_document(models, tmp_path):
         HfJudgeConfig(enabled=True)
     with pytest.raises(ValueError, match="language code"):
         HfJudgeConfig(model={"default": "x", "ES": "y"})
-    assert WORDS and HfJudgeConfig().enabled is False
+    assert HfJudgeConfig().enabled is False
