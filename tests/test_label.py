@@ -162,7 +162,7 @@ def test_a_killed_run_continues_where_it_stopped(tmp_path):
     """SIGKILL a labelling process mid-run, tear its store's last line as a kill mid-write would: the
     next run cuts the torn line, asks only what is missing (at most the requests that were in flight
     again) and ends with every document labelled."""
-    server = Flaky(delay=0.15)
+    server = Flaky(delay=0.25)
     try:
         write_docs(tmp_path / "in.jsonl", [f"ok{i % 6}" for i in range(24)], langs=("es",))
         out = tmp_path / "out"
