@@ -16,7 +16,7 @@ import sys
 from quipu.catalog.errors import UserError, printable
 from quipu.catalog.files import with_path
 from quipu.demo import run as demo
-from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, lifecycle, ops, ppl_cli, quality_cli, tiers_cli, train_cli
+from quipu.flows import ablate_cli, benchmarks_cli, calibrate, config_cli, curate_cli, label_cli, lifecycle, ops, ppl_cli, quality_cli, tiers_cli, train_cli
 from quipu.flows.progress import VERBOSITY_ENV, log_file, logging_setup
 
 # Set before Prefect is imported (see ../shared/ENVIRONMENT.md): the ephemeral API needs more than
@@ -40,6 +40,7 @@ COMMANDS = [
     (ablate_cli, "ablate"),
     (calibrate, "calibrate"),
     (tiers_cli, "tiers fit"),
+    (label_cli, "label, serve-labeller, label-head"),
     (demo, "demo"),
     (config_cli, "config show"),
 ]

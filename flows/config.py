@@ -199,6 +199,7 @@ CONFIG_MODELS = {
     "kenlm": "quipu.flows.ppl:KenLMTrainConfig",
     "watch": "quipu.flows.watch:WatchConfig",
     "ablate": "quipu.flows.ablate:AblateConfig",
+    "label": "quipu.trainer.llm_labels:LabelConfig",
 }
 
 

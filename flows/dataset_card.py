@@ -32,6 +32,8 @@ COLUMN_DOCS = {
     "removed_line_spans": "where lines were removed by line-level dedup ({start, end} in the text before the cut)",
     "terminal_punct_score": "fraction of lines ending in terminal punctuation",
     "quality_score": "probability of high quality by the fastText quality classifier",
+    "edu_score": "probability that an LLM rates the document >= 3 of 5 for educational value (fastText distilled from `quipu label`)",
+    "hf_judge_score": "score of the Hugging Face classifier of stage `hf_judge` (its model's units, e.g. FineWeb-Edu 0-5)",
     "dup_count": "size of the document's duplicate cluster across the dedup index (1: unique)",
     "decontam_hits": "benchmark n-gram matches ({benchmark, item, start, end, words})",
     "decontam_cuts": "spans cut out as benchmark text ({start, end, text})",

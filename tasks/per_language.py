@@ -61,7 +61,7 @@ def check_language_code(code: Any) -> str:
     return code
 
 
-KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false"}
+KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a path"}
 
 
 def PerLanguage(kind: Any, **bounds: float) -> Any:

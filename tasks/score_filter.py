@@ -8,6 +8,11 @@ so the kept count is exactly ceil(fraction * n) and does not depend on shard bou
 splits. Removal reasons `<name><0.xx` (the threshold or the language's cut-off) and
 `<name>=0.xx:tie` (scoring exactly the cut-off, losing the tie-break on its id). The report has a
 score histogram, counts and mean per language, and the highest- and lowest-scoring snippets.
+
+A subclass whose scores are not probabilities (a regression head's 0-5) widens `histogram_width`;
+one whose threshold differs per language overrides `threshold_for`; one that cannot score some
+documents (no model for their language) gives None for them: they are kept unscored and counted
+(`unscored_by_lang`), and the top fraction is taken among the scored.
 """
 from __future__ import annotations
 
@@ -82,14 +87,19 @@ def top_fraction_cutoffs(scored: dict[str, list[tuple[float, str]]], cfg: ScoreF
 
 class ScoreFilter(Stage):
     score_field: ClassVar[pa.Field]
+    histogram_width: ClassVar[float] = 1 / HISTOGRAM_BINS
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "score_field" in cls.__dict__:   # the score column is the filter's column
             cls.columns = (cls.score_field,)
 
-    def score(self, batch: pa.Table) -> list[float]:  # pragma: no cover - interface
+    def score(self, batch: pa.Table) -> list[float | None]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def threshold_for(self, lang: str) -> float:
+        """The `keep: threshold` bound of a language (one for all here)."""
+        return self.config.threshold
 
     def model_version(self) -> str:
         """What the scores depend on besides code and config (e.g. the model file's hash)."""
@@ -112,7 +122,8 @@ class ScoreFilter(Stage):
         for rb in pf.iter_batches(batch_size=self.config.batch_rows, columns=cols):
             t = pa.Table.from_batches([rb])
             for lang, s, i in zip(langs_of(t), self.score(t), t.column("id").to_pylist()):
-                out.setdefault(lang, []).append((s, i))
+                if s is not None:    # unscored documents are kept: not ranked
+                    out.setdefault(lang, []).append((s, i))
         return out
 
     def plan(self, scans: list | None) -> dict[str, Cutoff] | None:
@@ -128,10 +139,13 @@ class ScoreFilter(Stage):
         cut = sorted((k, v.score, v.id, v.keep_all, v.keep_none) for k, v in (cutoffs or {}).items())
         return {"model": self.model_version(), "cutoffs": sha256_json(cut)[:12]}
 
-    def decide(self, score: float, doc_id: str, lang: str, cutoffs: dict[str, Cutoff] | None) -> str | None:
+    def decide(self, score: float | None, doc_id: str, lang: str, cutoffs: dict[str, Cutoff] | None) -> str | None:
         cfg = self.config
+        if score is None:
+            return None
         if cfg.keep == "threshold":
-            return None if score >= cfg.threshold else f"{self.name}<{cfg.threshold:.2f}"
+            bound = self.threshold_for(lang)
+            return None if score >= bound else f"{self.name}<{bound:.2f}"
         cut = cutoffs.get(lang)
         if cut is None:   # a language the scan did not see cannot happen; be explicit anyway
             raise AssertionError(f"{self.name}: no cutoff for language {lang!r}")
@@ -150,7 +164,8 @@ class ScoreFilter(Stage):
         reasons = [self.decide(s, i, lang, cutoffs) for s, i, lang in zip(scores, ids, langs)]
         keep = [r is None for r in reasons]
         kept, removed = split_by_mask(scored, keep, reasons)
-        return Outcome(kept, removed, score_stats(ids, batch.column("text").to_pylist(), langs, scores, keep))
+        return Outcome(kept, removed, score_stats(ids, batch.column("text").to_pylist(), langs, scores, keep,
+                                                  self.histogram_width))
 
     def finalize(self, stats: dict, scans, cutoffs: dict[str, Cutoff] | None, committed) -> dict:
         """Whole-stage figures from the summed shard stats: mean score and the extremes."""
@@ -166,27 +181,39 @@ class ScoreFilter(Stage):
         return {**head, **rest}
 
 
-def _bin(score: float) -> str:
-    i = min(HISTOGRAM_BINS - 1, max(0, int(score * HISTOGRAM_BINS)))
-    return f"{i / HISTOGRAM_BINS:.2f}"
+def _bin(score: float, width: float = 1 / HISTOGRAM_BINS) -> str:
+    """The lower edge of a score's histogram bin: [0, 1] in HISTOGRAM_BINS bins, or bins of `width`."""
+    if width == 1 / HISTOGRAM_BINS:
+        i = min(HISTOGRAM_BINS - 1, max(0, int(score * HISTOGRAM_BINS)))
+        return f"{i / HISTOGRAM_BINS:.2f}"
+    return f"{math.floor(score / width) * width:.2f}"
 
 
-def score_stats(ids, texts, langs, scores, keep) -> dict:
-    """Per-language histogram and counts (summed across shards) plus extreme-score candidates."""
+def score_stats(ids, texts, langs, scores, keep, width: float = 1 / HISTOGRAM_BINS) -> dict:
+    """Per-language histogram and counts (summed across shards) plus extreme-score candidates;
+    documents without a score (None) are counted apart and kept."""
     hist: dict[str, dict[str, int]] = {}
     docs: dict[str, int] = {}
     kept: dict[str, int] = {}
     total: dict[str, float] = {}
+    unscored: dict[str, int] = {}
+    for i in [i for i, s in enumerate(scores) if s is None]:
+        unscored[langs[i]] = unscored.get(langs[i], 0) + 1
+    if unscored:
+        keep_all = list(keep)
+        idx = [i for i, s in enumerate(scores) if s is not None]
+        ids, texts, langs, scores, keep = ([x[i] for i in idx] for x in (ids, texts, langs, scores, keep_all))
     for lang, s, k in zip(langs, scores, keep):
         h = hist.setdefault(lang, {})
-        b = _bin(s)
+        b = _bin(s, width)
         h[b] = h.get(b, 0) + 1
         docs[lang] = docs.get(lang, 0) + 1
         kept[lang] = kept.get(lang, 0) + int(k)
         total[lang] = total.get(lang, 0.0) + s
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], ids[i]))
     ex = lambda i: {"score": round(scores[i], 4), "id": ids[i], "lang": langs[i], "snippet": snippet(texts[i])}
-    return {"docs_by_lang": docs, "kept_by_lang": kept,
+    out = {"unscored_by_lang": unscored} if unscored else {}
+    return {**out, "docs_by_lang": docs, "kept_by_lang": kept,
             "removed_by_lang": {lang: docs[lang] - kept.get(lang, 0) for lang in docs},
             "score_sum_by_lang": total, "histogram_by_lang": hist,
             "highest": [ex(i) for i in order[:EXTREMES]],

@@ -219,8 +219,25 @@ def run_ablate(world: World, config: str) -> None:
                  "--set", "train.eval.every=4", "--set", "train.checkpoint.every=4") == 0
 
 
+def run_label(world: World, config: str) -> None:
+    """`quipu label` as shipped against `quipu serve-labeller`'s endpoint over the tiny teacher."""
+    import threading
+    from quipu.trainer.label_server import Generator, make_server
+    server = make_server(Generator(str(world.teacher), device="cpu"), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = world.out(config)
+    try:
+        assert _main("label", config, "--endpoint", f"http://127.0.0.1:{server.server_address[1]}/v1", "--output",
+                     str(out), "--set", f"input=['{world.jsonl}']", "--set", "limit=6", "--set", "max_tokens=4") == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len((out / "labelled.jsonl").read_text().splitlines()) == 6
+    assert json.loads((out / "label_report.json").read_text())["this_run"]["tokens_in"] > 0
+
+
 RUNNERS = {"watch": run_watch, "curate": run_curate, "benchmarks": run_benchmarks, "quality": run_quality,
-           "kenlm": run_kenlm, "ppl": run_ppl, "train": run_train, "ablate": run_ablate}
+           "kenlm": run_kenlm, "ppl": run_ppl, "train": run_train, "ablate": run_ablate, "label": run_label}
 
 
 def test_every_config_kind_has_a_runner():
