@@ -90,3 +90,8 @@ def resolve(value: Any, lang: str | None, off: Any = None) -> Any:
     if isinstance(value, dict):
         value = value.get(lang, value["default"]) if lang is not None else value["default"]
     return off if value is None else value
+
+
+def languages_named(value: Any) -> set[str]:
+    """The languages a per-language value names explicitly (empty for a scalar)."""
+    return {k for k in value if k != "default"} if isinstance(value, dict) else set()
