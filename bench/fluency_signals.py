@@ -6,6 +6,11 @@ other half. A signal's cut-off is the `--percentile` of the OTHER sources' prose
 by a model fitted without it), so the held-out source never places its own cut-off.
 
     .venv/bin/python bench/fluency_signals.py [--langs en,es,pt] [--fasttext] [--write]
+    .venv/bin/python bench/fluency_signals.py --shapes   # the shipped stage on prose of other shapes
+
+`--shapes`: the shipped config's langid and fluency stages on real prose of other shapes in
+../shared/data (the ground-truth article bodies of web/constructed's pages; the paragraphs of every PDF
+there as quipu's pdf stage extracts them), prose only (>= 3 sentences, >= 50 words): kept per language and shape.
 
 Signals (higher = more prose-like):
     word_order     the shipped judge (function-word/shape trigram gain over unigram)
@@ -192,6 +197,41 @@ def table(lang: str, scores: dict[str, dict], signals: list[str]) -> list[str]:
     return rows
 
 
+def other_shapes() -> list[str]:
+    """Kept by the shipped langid + fluency stages, per language and shape of real prose."""
+    from collections import Counter
+    import pyarrow as pa
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig
+    from quipu.tasks.fluency import FluencyFilter
+    from quipu.tasks.langid import LanguageId
+    config = load_config(CurateConfig, ROOT / "configs" / "curate" / "default.yaml")
+    shared = SHARED_TEXT.parent
+    truth = shared / "web" / "constructed" / "article-extraction-benchmark-shared.ground_truth.jsonl"
+    docs = [("web article bodies", json.loads(line)["articleBody"]) for line in open(truth, encoding="utf-8")]
+    from quipu.tasks.pdf import PdfConfig, read_pdf
+    for path in sorted((shared / "pdf").glob("*.pdf")):     # quipu's own extraction, paragraphs as documents
+        text = read_pdf(str(path), PdfConfig(ocr="never")).text   # text layers only (OCR is slow here)
+        docs += [("PDF paragraphs (quipu's extraction)", p) for p in text.split("\n\n")]
+    docs = [(shape, t) for shape, t in docs if t and is_prose(t)]
+    batch = pa.table({"id": [str(i) for i in range(len(docs))], "text": [t for _, t in docs]})
+    lid = LanguageId(config.langid).process(batch).kept
+    out = FluencyFilter(config.fluency).process(lid)
+    removed = dict(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist()))
+    total, gone, reasons = Counter(), Counter(), Counter()
+    for i, lang in zip(lid.column("id").to_pylist(), lid.column("lang").to_pylist()):
+        shape = docs[int(i)][0]
+        total[shape, lang] += 1
+        gone[shape, lang] += i in removed
+        if i in removed:
+            reasons[shape, lang, removed[i].split("<")[0]] += 1
+    rows = ["| shape | lang | prose documents | kept by fluency | removed by |", "|---|---|---:|---:|---|"]
+    for shape, lang in sorted(total):
+        why = ", ".join(f"{r} {n}" for (s, l, r), n in sorted(reasons.items()) if (s, l) == (shape, lang)) or "-"
+        rows.append(f"| {shape} | {lang} | {total[shape, lang]} | {1 - gone[shape, lang] / total[shape, lang]:.3f} | {why} |")
+    return rows
+
+
 def main() -> int:
     global ARGS
     ap = argparse.ArgumentParser()
@@ -199,7 +239,11 @@ def main() -> int:
     ap.add_argument("--percentile", type=float, default=1.5)
     ap.add_argument("--fasttext", action="store_true")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--shapes", action="store_true", help="only the shipped stage on prose of other shapes")
     ARGS = ap.parse_args()
+    if ARGS.shapes:
+        print("\n".join(other_shapes()))
+        return 0
     t0 = time.time()
     signals = [*SIGNALS, *(["fasttext"] if ARGS.fasttext else [])]
     out = ["| lang | held-out source | prose | " + " | ".join([*signals, "fitted"]) + " |",
