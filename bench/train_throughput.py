@@ -9,6 +9,10 @@ AdamW, the anchor of RESULTS.md's rows before 2026-11-28).
 
     .venv/bin/python bench/train_throughput.py [--rounds 5] [--steps 3] [--threads 2] [--compile]
 
+`--unfused`: a third contestant, our model on its plain paths (`Llama.use_fused(False)`: three q/k/v
+GEMMs, two gate/up, the full logit tensor), same weights; every round also prints CPU seconds per
+step (process time: less swayed than wall time by other jobs on a shared machine).
+
 `--options`: the trainer's memory and speed options on our model alone, each in its own process so
 its peak memory is its own (peak RSS on CPU; peak allocated GPU memory on CUDA): plain, activation
 checkpointing per block, torch.compile, both; tokens/s and peak memory per option.
@@ -87,7 +91,7 @@ def one_option(args) -> dict:
 
 CATEGORIES = (   # torch.profiler op name -> category (first match wins)
     ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "attention")),
-    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss", "logsumexp")),
     ("matmul", ("mm", "addmm", "bmm", "matmul", "linear")),
     ("embedding", ("embedding",)),
     ("elementwise: norms, rotary, SiLU", ("rsqrt", "pow", "mean", "silu", "mul", "add", "cat", "neg", "index", "sum", "div")),
