@@ -9,6 +9,10 @@ AdamW, the anchor of RESULTS.md's rows before 2026-11-28).
 
     .venv/bin/python bench/train_throughput.py [--rounds 5] [--steps 3] [--threads 2] [--compile]
 
+`--unfused`: a third contestant, our model on its plain paths (`Llama.use_fused(False)`: three q/k/v
+GEMMs, two gate/up, the full logit tensor), same weights; every round also prints CPU seconds per
+step (process time: less swayed than wall time by other jobs on a shared machine).
+
 `--options`: the trainer's memory and speed options on our model alone, each in its own process so
 its peak memory is its own (peak RSS on CPU; peak allocated GPU memory on CUDA): plain, activation
 checkpointing per block, torch.compile, both; tokens/s and peak memory per option.
@@ -87,7 +91,7 @@ def one_option(args) -> dict:
 
 CATEGORIES = (   # torch.profiler op name -> category (first match wins)
     ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "attention")),
-    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss", "logsumexp")),
     ("matmul", ("mm", "addmm", "bmm", "matmul", "linear")),
     ("embedding", ("embedding",)),
     ("elementwise: norms, rotary, SiLU", ("rsqrt", "pow", "mean", "silu", "mul", "add", "cat", "neg", "index", "sum", "div")),
@@ -183,6 +187,7 @@ def main() -> int:
     ap.add_argument("--packed", action="store_true", help="ours with 4 documents per row (block-diagonal mask)")
     ap.add_argument("--hf-optim", choices=("fused", "default"), default="fused",
                     help="HF's optimizer: fused AdamW (its Trainer's default with torch >= 2.8) or torch's default AdamW")
+    ap.add_argument("--unfused", action="store_true", help="also our model on its plain paths (Llama.use_fused(False))")
     ap.add_argument("--profile", action="store_true", help="then each step split into parts and ops (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -216,52 +221,65 @@ def main() -> int:
     # (`adamw_torch_fused` with torch >= 2.8), or with `--hf-optim default` torch's default AdamW
     from quipu.trainer.build import make_optimizer
     from quipu.trainer.train_config import OptimConfig
-    opt_ours = make_optimizer(ours, OptimConfig(), torch.device("cpu"))
+
+    def contestant(model):   # our model with its optimizer: a list of step parts
+        fwd = torch.compile(model) if args.compile else model
+
+        def forward_ours():
+            s, n = fwd(inp, pos, seg, targets=tgt)
+            return s / n
+        return step_parts(model, make_optimizer(model, OptimConfig(), torch.device("cpu")), forward_ours)
+
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95),
                                fused=args.hf_optim == "fused")
-    fwd = torch.compile(ours) if args.compile else ours
-
-    def forward_ours():
-        s, n = fwd(inp, pos, seg, targets=tgt)
-        return s / n
 
     def forward_hf():
         return hf(input_ids=x[:, :-1], labels=x[:, :-1]).loss
 
-    parts = {"ours": step_parts(ours, opt_ours, forward_ours), "hf": step_parts(hf, opt_hf, forward_hf)}
+    parts = {"ours": contestant(ours), "hf": step_parts(hf, opt_hf, forward_hf)}
+    if args.unfused:   # the same weights on our plain paths (three q/k/v GEMMs, two gate/up, full logits)
+        plain = Llama(cfg).use_fused(False)
+        plain.load_state_dict(ours.state_dict())
+        parts["ours unfused"] = contestant(plain)
+    names = list(parts)
 
-    def step_ours():
-        for _, f in parts["ours"]:
-            f()
-
-    def step_hf():
-        for _, f in parts["hf"]:
+    def step(name):
+        for _, f in parts[name]:
             f()
 
     tokens = args.batch * args.seq
-    for f in (step_ours, step_hf):   # warm-up (and compilation)
-        f()
-        f()
-    rates = {"ours": [], "hf": []}
+    for name in names:   # warm-up (and compilation)
+        step(name)
+        step(name)
+    rates = {k: [] for k in names}
+    cpu = {k: [] for k in names}
     for r in range(args.rounds):
-        for name, f in (("ours", step_ours), ("hf", step_hf)) if r % 2 == 0 else (("hf", step_hf), ("ours", step_ours)):
-            t = time.perf_counter()
+        k = r % len(names)   # rotate who goes first, so load hits all alike
+        for name in names[k:] + names[:k]:
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
-                f()
+                step(name)
             rates[name].append(args.steps * tokens / (time.perf_counter() - t))
-        print(f"round {r + 1}: ours {rates['ours'][-1]:,.0f} tok/s, HF {rates['hf'][-1]:,.0f} tok/s", flush=True)
+            cpu[name].append((time.process_time() - c) / args.steps)
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f} tok/s ({cpu[n][-1]:.2f} CPU s/step)" for n in names)
+              + "; ours / HF " + ", ".join(f"{rates[n][-1] / rates['hf'][-1]:.2f} ({n})" for n in names if n != "hf"),
+              flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     result = {"params": n_params, "seq": args.seq, "batch": args.batch, "threads": args.threads,
               "compile": args.compile, "packed": args.packed, "hf_optim": args.hf_optim, "ours_tokens_per_s": round(med["ours"], 1),
               "hf_tokens_per_s": round(med["hf"], 1), "speedup": round(med["ours"] / med["hf"], 3),
+              "per_round": [round(o / h, 3) for o, h in zip(rates["ours"], rates["hf"])],
+              "cpu_s_per_step": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
               "rounds": args.rounds, "steps_per_round": args.steps}
+    if args.unfused:
+        result["unfused_tokens_per_s"] = round(med["ours unfused"], 1)
+        result["unfused_speedup"] = round(med["ours unfused"] / med["hf"], 3)
     print(json.dumps(result))
     if args.profile:
-        print_table("one step, wall time", {k: phase_seconds(p) for k, p in parts.items()})
-        print_table("forward + backward, self CPU time", {"ours": op_seconds(lambda: forward_ours().backward()),
-                                                          "hf": op_seconds(lambda: forward_hf().backward())})
+        print_table("one step, wall time", {k: phase_seconds(parts[k]) for k in ("ours", "hf")})
+        fb = {k: parts[k][0][1] for k in ("ours", "hf")}   # the forward part stores the loss; backward pops it
+        print_table("forward + backward, self CPU time", {k: op_seconds(lambda k=k: (fb[k](), parts[k][1][1]())) for k in fb})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -141,6 +141,34 @@ def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_fused_paths_give_the_plain_paths_loss_and_gradients(monkeypatch, tie):
+    """One GEMM for q/k/v and gate/up and the chunked LM head + loss (Llama.use_fused): same loss and
+    gradients as the plain modules, with ignored targets, grouped-query heads and packed rows, over
+    several chunks (one shorter than the rest); the state dict keeps the per-projection names."""
+    import quipu.trainer.model as model_module
+    monkeypatch.setattr(model_module, "LM_HEAD_CHUNK", 7)
+    torch.manual_seed(0)
+    m = Llama(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, tie_embeddings=tie))
+    x = torch.randint(0, 64, (2, 17))
+    tgt = x.roll(-1, 1)
+    tgt[0, :5] = -100
+    seg = (torch.arange(17) >= 9).long().expand(2, 17)
+    pos = torch.where(seg == 0, torch.arange(17), torch.arange(17) - 9)
+    runs = []
+    for on in (False, True):
+        m.use_fused(on).zero_grad()
+        s, n = m(x, pos, seg, targets=tgt)
+        (3 * s / n).backward()   # a scale on the loss reaches the gradients
+        runs.append((s.detach(), [p.grad.clone() for p in m.parameters()]))
+        with torch.no_grad():
+            assert torch.allclose(m(x, pos, seg, targets=tgt)[0], s, atol=1e-5)   # the loss alone, no gradients
+    (a, ga), (b, gb) = runs
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-6), (a, b)
+    assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(ga, gb))
+    assert any(k.endswith("self_attn.k_proj.weight") for k in m.state_dict()) and not any("qkv" in k for k in m.state_dict())
+
+
 def test_pack_masks_targets_and_resets_positions():
     window = np.array([5, 6, 7, 1, 8, 9, 2], dtype=np.int64)
     starts = np.array([0, 0, 0, 1, 0, 0, 1], dtype=np.int8)   # documents start at 3 and 6

@@ -113,6 +113,47 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
 
+LM_HEAD_CHUNK = 512   # rows of logits at a time: 512 x 32k fp32 = 64 MB
+
+
+class LMHeadLoss(torch.autograd.Function):
+    """Sum of token cross-entropies of `h @ w.T`, `chunk` rows at a time, never holding all the logits.
+
+    The unfused path writes and reads the (tokens x vocab) logit tensor several times per step (the
+    matmul, log-softmax, its gradient, the matmul's backward): at vocab 32k that is 262 MB per 2,048
+    tokens each time. Here each chunk's gradient (softmax minus one-hot) is formed in place of its
+    logits during the forward and multiplied straight into the hidden-state and weight gradients, so
+    the backward is one scaling. Same numbers as `F.cross_entropy(..., reduction="sum")` up to the
+    order of fp32 sums.
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, targets, chunk: int, grad: bool):
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        gh = torch.empty_like(h) if grad else None
+        gw = torch.zeros_like(w) if grad else None
+        for s in range(0, h.shape[0], chunk):
+            hs, ts = h[s:s + chunk], targets[s:s + chunk]
+            logits = (hs @ w.t()).float()
+            lse = torch.logsumexp(logits, -1)
+            valid = ts != -100
+            idx = ts.clamp(min=0).unsqueeze(1)
+            loss += ((lse - logits.gather(1, idx).squeeze(1)) * valid).sum()
+            if grad:    # d(sum loss)/d logits = softmax - one-hot, zero on ignored targets
+                g = logits.sub_(lse.unsqueeze(1)).exp_()
+                g.scatter_add_(1, idx, torch.full_like(idx, -1, dtype=g.dtype)).mul_(valid.unsqueeze(1))
+                g = g.to(h.dtype)
+                torch.mm(g, w, out=gh[s:s + chunk])
+                gw.addmm_(g.t(), hs)
+        ctx.save_for_backward(gh, gw)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        gh, gw = ctx.saved_tensors
+        return gh * grad_loss, gw * grad_loss, None, None, None
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -121,12 +162,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
         self.v_proj = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * self.hd, cfg.dim, bias=False)
+        self.fused = True   # Llama.use_fused
 
     def forward(self, x, cos, sin, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        if self.fused:   # one GEMM for q, k and v; the parameters stay three (checkpoints, export, FSDP)
+            w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+            q, k, v = F.linear(x, w).split((self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.n_kv != self.n_heads:
             rep = self.n_heads // self.n_kv
@@ -145,9 +192,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
         self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
         self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        self.fused = True   # Llama.use_fused
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused:   # gate and up in one GEMM, as two parameters
+            gate, up = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -183,6 +235,7 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.activation_checkpointing = False   # set by the trainer (train.activation_checkpointing)
+        self.fused_loss = True                  # Llama.use_fused
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -198,6 +251,15 @@ class Llama(nn.Module):
                 nn.init.normal_(p, 0.0, resid_std)
             else:
                 nn.init.normal_(p, 0.0, std)
+
+    def use_fused(self, on: bool = True) -> "Llama":
+        """The fused paths (one GEMM for q/k/v and for gate/up, the chunked LM head + loss) or the plain
+        ones; same parameters and numbers either way (bench/train_throughput.py measures both)."""
+        self.fused_loss = on
+        for m in self.modules():
+            if isinstance(m, (Attention, MLP)):
+                m.fused = on
+        return self
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -231,7 +293,13 @@ class Llama(nn.Module):
         global batch, so gradient accumulation and data parallelism give the loss of one big batch.
         The loss goes through forward() so DDP's and torch.compile's wrappers see it.
         """
-        logits = self.lm_head(self.hidden(input_ids, position_ids, segment_ids))
+        h = self.hidden(input_ids, position_ids, segment_ids)
+        if targets is not None and self.fused_loss and not torch.compiler.is_compiling() \
+                and not torch.is_autocast_enabled(h.device.type):   # compile and autocast: the plain path
+            loss = LMHeadLoss.apply(h.reshape(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1),
+                                    LM_HEAD_CHUNK, torch.is_grad_enabled())
+            return loss, (targets != -100).sum()
+        logits = self.lm_head(h)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
