@@ -215,7 +215,7 @@ class GopherQualityRules(_Rules):
         bare_words = list(map(bare, words))
         return {
             "n_words": n,
-            "avg_word_length": float(np.mean([len(w) for w in bare_words])) if n else 0.0,
+            "avg_word_length": float(np.mean(list(map(len, bare_words)))) if n else 0.0,
             "hash_ratio": text.count("#") / max(n, 1),
             "ellipsis_ratio": (text.count("...") + text.count("…")) / max(n, 1),
             "bullet_lines_ratio": sum(s.lstrip().startswith(("•", "-")) for s in lines) / len(lines),
