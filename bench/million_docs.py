@@ -430,12 +430,15 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
             "disk_bytes": du(work / "run", work / "index"), "curated_rows": summary["curated"]["rows"]}
 
 
-def run_child(kind: str, payload: dict) -> dict:
-    """One timed run in its own process, under the machine's timing lock."""
+def run_child(kind: str, payload: dict, cores: int | None = None) -> dict:
+    """One timed run in its own process, under the machine's timing lock; with `cores`, pinned to
+    the first `cores` CPUs (taskset), so both sides of a comparison get the same cores."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(payload, fh)
     out = Path(fh.name + ".out")
     cmd = [sys.executable, __file__, "--child", kind, "--payload", fh.name, "--result", str(out)]
+    if cores:
+        cmd = ["taskset", "-c", f"0-{cores - 1}"] + cmd
     if LOCK.parent.is_dir():
         cmd = ["flock", str(LOCK)] + cmd
     load = os.getloadavg()[0]
@@ -474,6 +477,9 @@ def main() -> None:
     ap.add_argument("--plain-docs", default="100000", help="sizes of the plain datasketch runs (comma list)")
     ap.add_argument("--dedup-sizes", default="100000,1000000", help="sizes of the dedup-alone runs")
     ap.add_argument("--sample", type=int, default=5000, help="documents of the run with every default stage")
+    ap.add_argument("--cores", default="", help="comma list, e.g. 1,2: instead of the plain and dedup runs above, for each "
+                    "size of --plain-docs and each core count, the plain loop then the stage (threads = cores), both "
+                    "pinned to that many cores (taskset)")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: plain, dedup, curate, full")
     ap.add_argument("--file-docs", type=int, default=FILE_DOCS, help="documents per input file (sizes are multiples of it)")
     ap.add_argument("--append", type=Path)
@@ -518,6 +524,16 @@ def main() -> None:
         print(json.dumps(res, default=str), flush=True)
         return res
 
+    cores = [int(x) for x in args.cores.split(",") if x]
+    for n in plain_sizes if cores else []:      # same cores for both sides, alternating
+        shards = parquet_shards(args.data, n)
+        for c in cores:
+            record(f"plain datasketch loop, {c} core(s)", n,
+                   run_child("plain", {"work": str(work / f"plain-{n}-{c}"), "shards": shards}, cores=c))
+            record(f"dedup stage alone, {c} core(s)", n,
+                   run_child("dedup", {"work": str(work / f"dedup-{n}-{c}"), "shards": shards, "threads": c}, cores=c))
+    if cores:
+        skip |= {"plain", "dedup"}
     if "plain" not in skip:
         for n in plain_sizes:
             shards = parquet_shards(args.data, n)
@@ -595,10 +611,12 @@ def format_md(out: dict) -> str:
         lines += ["", f"Rows marked 'earlier run' are from `{reused[0]}`, same corpus, same machine, an hour earlier (same dedup code)."]
     lines.append("")
     for plain in (r for r in rows if r["what"].startswith("plain")):
-        same = next((r for r in rows if r["what"] == "dedup stage alone" and r["n"] == plain["n"]), None)
+        stage_what = plain["what"].replace("plain datasketch loop", "dedup stage alone")
+        same = next((r for r in rows if r["what"] == stage_what and r["n"] == plain["n"]), None)
         if same is None:
             continue
-        lines.append(f"Dedup stage vs the plain datasketch loop on the same {plain['n']:,} documents in this run: "
+        lines.append(f"Dedup stage vs the plain datasketch loop on the same {plain['n']:,} documents in this run"
+                     f"{plain['what'].replace('plain datasketch loop', '')}: "
                      f"**{plain['seconds'] / same['seconds']:.1f}x** wall time, "
                      f"{(same['n'] / same['cpu_seconds']) / (plain['n'] / plain['cpu_seconds']):.1f}x per CPU-second; "
                      f"recall {same['quality']['recall']:.4f} vs {plain['quality']['recall']:.4f} (near, non-exact pairs only: "

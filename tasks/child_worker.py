@@ -39,12 +39,19 @@ class ChildWorker:
         self.target, self.args, self.what = target, args, what
         self.proc = None
         self.conn = None
+        self.starting = False      # launched, its "ready" not yet read
         ChildWorker._all.append(self)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
     def start(self) -> None:
+        self.launch()
+        self._await_ready()
+
+    def launch(self) -> None:
+        """Start the child without waiting for it to be ready: it imports its parser while this
+        process goes on (`send` queues on the pipe; `receive` waits for "ready" first)."""
         if _ending.is_set():     # a child started now would outlive the run while it imports
             raise RuntimeError(f"not starting the {self.what} process: this run is ending")
         ctx = mp.get_context("spawn")
@@ -66,13 +73,19 @@ class ChildWorker:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         self.conn = parent
+        self.starting = True
+
+    def _await_ready(self) -> None:
         # Starting Python and importing the parser takes seconds, more on a loaded machine: wait for
         # the worker to be ready, so that start-up never counts against a document's time limit.
-        if not parent.poll(WORKER_START_TIMEOUT_S):
+        if not self.starting:
+            return
+        self.starting = False
+        if not self.conn.poll(WORKER_START_TIMEOUT_S):
             self.stop()
             raise RuntimeError(f"the {self.what} process did not start in {WORKER_START_TIMEOUT_S} s")
         try:
-            parent.recv()
+            self.conn.recv()
         except EOFError:
             self.stop()
             raise RuntimeError(f"the {self.what} process died while starting (see the error above)") from None
@@ -82,6 +95,7 @@ class ChildWorker:
             self.proc.kill()
             self.proc.join(5)
         self.proc = self.conn = None
+        self.starting = False
 
     def send(self, msg: Any) -> None:
         if not self.alive():
@@ -90,6 +104,7 @@ class ChildWorker:
 
     def receive(self, timeout_s: float) -> tuple:
         """The child's next answer; TIMEOUT or DIED (the child is then stopped)."""
+        self._await_ready()
         if not self.conn.poll(timeout_s):
             self.stop()
             return TIMEOUT

@@ -86,6 +86,11 @@ class HtmlExtractor:
         self.pending: deque = deque()       # (record, message) sent and not yet answered, in order
         self.answers: dict[int, tuple] = {}  # id(record) -> (record, answer) taken ahead of its turn
 
+    def prestart(self) -> None:
+        """Launch the worker now, so that it starts while this process opens and reads its input."""
+        if not self.worker.alive():
+            self.worker.launch()
+
     def stop(self) -> None:
         self.worker.stop()
         self.pending.clear()
@@ -354,6 +359,8 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
         return done
 
     t0 = time.perf_counter()
+    if any(readers.reader_kind(input_path(p)) == "warc" for p in items):
+        _extractor().prestart()
     limits = readers.ReadLimits(max_record_bytes=cfg.max_record_bytes, max_header_bytes=cfg.max_header_bytes,
                                 max_expansion=cfg.max_expansion, max_file_seconds=cfg.max_file_seconds)
     quarantine_rows: list[dict] = []

@@ -50,8 +50,9 @@ class WordStats:
 
     def __init__(self, words: list[str]):
         self.words = words
-        ids: dict[str, int] = {}
-        self.ids = np.array([ids.setdefault(w, len(ids)) for w in words], np.int64)
+        # ids in order of first occurrence; the loops run in C but over the distinct words
+        ids = {w: i for i, w in enumerate(dict.fromkeys(words))}
+        self.ids = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
         self.vocab = len(ids)
         self.space_free = all(" " not in w for w in ids)
         self.offsets = np.zeros(len(words) + 1, np.int64)

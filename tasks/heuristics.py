@@ -107,7 +107,8 @@ class FineWebConfig(_FilterConfig):
 
 FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
     "gopher_repetition": (GopherRepetitionConfig, "datatrove.pipeline.filters:GopherRepetitionFilter"),
-    "gopher_quality": (GopherQualityConfig, "datatrove.pipeline.filters:GopherQualityFilter"),
+    # datatrove's GopherQualityFilter, its per-word tests cached (the same verdicts: tasks/gopher_quality_fast.py)
+    "gopher_quality": (GopherQualityConfig, "quipu.tasks.gopher_quality_fast:GopherQualityFast"),
     "c4": (C4Config, "datatrove.pipeline.filters:C4QualityFilter"),
     "fineweb": (FineWebConfig, "datatrove.pipeline.filters:FineWebQualityFilter"),
 }
@@ -303,6 +304,7 @@ class DocTokens:
         self.final = np.isin(arr[:, 2], _punct_hashes(punct_chars))    # a sentence-final character
         self.plain = ~self.final & (arr[:, 3] == 0)                      # neither that nor punctuation
         self._lines: dict[str, int] | None = None
+        self._tokens: list[str] | None = None
 
     @classmethod
     def of(cls, text: str, nlp) -> "DocTokens | None":
@@ -330,9 +332,10 @@ class DocTokens:
 
     def words(self, first: int, end: int) -> list[str]:
         """The token texts, stripped, empty ones dropped (datatrove's `strip_strings`)."""
-        text = self.text
-        words = (text[a:a + n].strip() for a, n in zip(self.idx[first:end].tolist(), self.length[first:end].tolist()))
-        return [w for w in words if w]
+        if self._tokens is None:        # every token once: the filters ask for the words of many lines
+            text = self.text
+            self._tokens = [text[a:a + n].strip() for a, n in zip(self.idx.tolist(), self.length.tolist())]
+        return list(filter(None, self._tokens[first:end]))
 
     def sentences(self, part: str, start: int, first: int, end: int) -> list[str]:
         """`part` (at `start`, tokens first..end) cut into sentences as datatrove does: spaCy's

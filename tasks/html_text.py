@@ -98,7 +98,11 @@ def serve(conn) -> None:
     # its log lines are noise on the user's terminal
     logging.getLogger("trafilatura").addHandler(logging.NullHandler())
     logging.getLogger("trafilatura").propagate = False
-    import resiliparse.extract.html2text  # noqa: F401  (trafilatura is imported when a page first needs it)
+    # both parsers imported before "ready": the parent launches this process as its unit starts
+    # (`HtmlExtractor.prestart`), so these imports overlap its own start-up; a crawl's first
+    # listing page needs trafilatura anyway
+    import resiliparse.extract.html2text  # noqa: F401
+    import trafilatura  # noqa: F401
     inbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def take() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import lru_cache
+from itertools import filterfalse
 
 import numpy as np
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, POLICY_SUBSTRINGS
@@ -75,15 +76,33 @@ CLOSERS = "\"'»”’)]}*_ \t\r"
 STOP_CHARS = tuple(TERMINAL_PUNCTUATION)
 
 
+# Per-token answers are cached: a corpus repeats its tokens (Zipf), and these character loops were
+# over half of the heuristics stage in `compat: quipu` (pure functions: the same answers).
+WORD_CACHE = 1 << 17
+
+
+@lru_cache(maxsize=WORD_CACHE)
 def is_punct_only(token: str) -> bool:
     return all(unicodedata.category(c)[0] == "P" for c in token)
 
 
+@lru_cache(maxsize=WORD_CACHE)
+def has_letter(word: str) -> bool:
+    return any(c.isalpha() for c in word)
+
+
+@lru_cache(maxsize=4)
+def _words_of(text: str) -> tuple[str, ...]:
+    return tuple(filterfalse(is_punct_only, text.split()))
+
+
 def words_of(text: str) -> list[str]:
-    """Whitespace-separated tokens that are not punctuation only."""
-    return [t for t in text.split() if not is_punct_only(t)]
+    """Whitespace-separated tokens that are not punctuation only. (The Gopher rules and FineWeb ask
+    for the same document's words: the last few texts' words are kept.)"""
+    return list(_words_of(text))
 
 
+@lru_cache(maxsize=WORD_CACHE)
 def bare(word: str) -> str:
     """A word without the punctuation around it, lower-cased (for stop words and word length)."""
     i, j = 0, len(word)
@@ -193,15 +212,15 @@ class GopherQualityRules(_Rules):
         words = words_of(text)
         n = len(words)
         lines = text.splitlines() or [""]
-        bare_words = [bare(w) for w in words]
+        bare_words = list(map(bare, words))
         return {
             "n_words": n,
-            "avg_word_length": float(np.mean([len(w) for w in bare_words])) if n else 0.0,
+            "avg_word_length": float(np.mean(list(map(len, bare_words)))) if n else 0.0,
             "hash_ratio": text.count("#") / max(n, 1),
             "ellipsis_ratio": (text.count("...") + text.count("…")) / max(n, 1),
             "bullet_lines_ratio": sum(s.lstrip().startswith(("•", "-")) for s in lines) / len(lines),
             "ellipsis_lines_ratio": sum(s.rstrip().endswith(("...", "…")) for s in lines) / len(lines),
-            "alpha_words_ratio": sum(any(c.isalpha() for c in w) for w in words) / n if n else 0.0,
+            "alpha_words_ratio": sum(map(has_letter, words)) / n if n else 0.0,
             "stop_words": len(self.stop_words.intersection(bare_words)),
         }
 
@@ -237,7 +256,7 @@ class C4Rules(_Rules):
         for line in text.splitlines():
             line = line.strip()
             words = line.split()
-            if self.max_word_length != -1 and any(len(w) > self.max_word_length for w in words):
+            if self.max_word_length != -1 and max(map(len, words), default=0) > self.max_word_length:
                 continue
             if self.remove_citations:
                 line = CITATION_REGEX.sub("", line)

@@ -1,0 +1,104 @@
+r"""The heuristics stage with and without its issue-40 speed-ups, same documents, same run.
+
+`HeuristicFilters.process` over real en/es/pt documents of ../shared/data/text (first `--per-file`
+of each file, at most 20,000 characters), in `compat: datatrove` and `compat: quipu`, CPU seconds
+of this process, rounds alternating (the best round of each counts: the machine is shared):
+- `now`: the stage as shipped;
+- `before`: the same stage with the speed-ups undone in place: language_rules' per-word caches off
+  (`__wrapped__`), datatrove's own `GopherQualityFilter`, `DocTokens.words` slicing the text per call.
+Both must decide the same (checked here on every document; tests/test_heuristics_speed.py too).
+
+    .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TEXT = ROOT.parent / "shared" / "data" / "text"
+
+
+def load(per_file: int):
+    import pyarrow as pa
+    texts, langs = [], []
+    for f in sorted(TEXT.glob("*.jsonl")):
+        lang = f.name[:2]
+        if lang not in ("en", "es", "pt"):
+            continue
+        with open(f, encoding="utf-8") as fh:
+            for _, line in zip(range(per_file), fh):
+                texts.append(json.loads(line)["text"][:20000])
+                langs.append(lang)
+    return pa.table({"id": [str(i) for i in range(len(texts))], "text": texts, "lang": langs})
+
+
+@contextlib.contextmanager
+def before():
+    """The stage as it was before the speed-ups (see the module docstring)."""
+    from quipu.tasks import heuristics, language_rules
+    saved = {n: getattr(language_rules, n) for n in ("is_punct_only", "bare", "has_letter", "words_of")}
+    spec, words = heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words
+
+    def old_words(self, first, end):
+        text = self.text
+        ws = (text[a:a + n].strip() for a, n in zip(self.idx[first:end].tolist(), self.length[first:end].tolist()))
+        return [w for w in ws if w]
+    try:
+        for n in ("is_punct_only", "bare", "has_letter"):
+            setattr(language_rules, n, saved[n].__wrapped__)
+        language_rules.words_of = lambda text: [t for t in text.split() if not language_rules.is_punct_only(t)]
+        heuristics.FILTERS["gopher_quality"] = (spec[0], "datatrove.pipeline.filters:GopherQualityFilter")
+        heuristics.DocTokens.words = old_words
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(language_rules, n, f)
+        heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words = spec, words
+
+
+def run(batch, compat: str) -> tuple[float, list]:
+    from quipu.tasks import language_rules
+    from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+    for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter):
+        getattr(f, "cache_clear", lambda: None)()      # no answers carried over from the other side's round
+    stage = HeuristicFilters(HeuristicsConfig(compat=compat))
+    stage.process(batch.slice(0, 5))                   # spaCy / filters loaded before the clock
+    t0 = time.process_time()
+    out = stage.process(batch)
+    dt = time.process_time() - t0
+    return dt, sorted(zip(out.kept.column("id").to_pylist(), out.kept.column("text").to_pylist())) + \
+        sorted(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--per-file", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    batch = load(args.per_file)
+    print(f"{batch.num_rows} documents; load {os.getloadavg()}", flush=True)
+    print("| compat | docs | before: CPU s (docs/s) | now: CPU s (docs/s) | speed-up | same decisions and texts |\n|---|---|---|---|---|---|")
+    for compat in ("datatrove", "quipu"):
+        best = {}
+        same = True
+        for _ in range(args.rounds):
+            with before():
+                b, out_b = run(batch, compat)
+            a, out_a = run(batch, compat)
+            same &= out_a == out_b
+            best["before"], best["now"] = min(best.get("before", b), b), min(best.get("now", a), a)
+        n = batch.num_rows
+        print(f"| {compat} | {n} | {best['before']:.2f} ({n / best['before']:.0f}) | {best['now']:.2f} ({n / best['now']:.0f}) | "
+              f"{best['before'] / best['now']:.2f}x | {same} |", flush=True)
+    print(f"load after {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
