@@ -146,4 +146,7 @@ def test_shipped_deployments_curate_and_train_two_batches(prefect_server, shared
     assert len(re.findall(r"tokens per word: en \d\.\d\d, es \d\.\d\d, pt \d\.\d\d", log)) == 1
     assert log.count("[lang=en]': fewer than 2 documents in this data, trained without it") == 1
     assert "does not fit" not in log
-    assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:4000]
+    # what the runs printed; after worker.stop()'s SIGINT, Prefect's own shutdown may log its websocket
+    # heartbeat timing out on a busy server (a Prefect traceback, not a run's)
+    runs_log = log.split("Received SIGINT. Sending SIGINT to the process worker")[0]
+    assert "Traceback" not in runs_log, runs_log[runs_log.index("Traceback") - 2000:][:4000]
