@@ -37,6 +37,8 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from quipu.catalog.files import sha256_file, write_bytes_atomic
+from quipu.tasks.classifiers.quality_edu import EduFilter
+from quipu.tasks.classifiers.transformer_judge import HfJudge
 from quipu.tasks.fluency import BURSTINESS, WORD_ORDER
 from quipu.tasks.per_language import PerLanguage, resolve
 from quipu.tasks.perplexity import PPL_KENLM, PPL_WAYRA
@@ -57,6 +59,7 @@ GRID = 100          # quantiles at percentiles 0, 1, ..., 100
 KNOWN_JUDGES: dict[str, bool] = {
     WORD_ORDER.name: True, BURSTINESS.name: True, QUALITY_SCORE.name: True, TERMINAL_PUNCT_SCORE.name: True,
     PPL_KENLM.name: False, PPL_WAYRA.name: False,
+    EduFilter.score_field.name: True, HfJudge.score_field.name: True,   # off by default; judges once run
 }
 
 

@@ -203,6 +203,20 @@ def test_tiers_fit_command(tmp_path, capsys):
     assert "no such file" in err and "say whether higher or lower is better" in err
 
 
+def test_classifier_stages_scores_are_known_judges():
+    """The hf_judge and edu stages' score columns are judges with their direction known: `quipu tiers fit`
+    without --judge fits them when a run has them, and `--judge edu_score` needs no direction."""
+    from quipu.flows.tiers_cli import parse_judges
+    from quipu.tasks.tiers import KNOWN_JUDGES
+    assert parse_judges(["edu_score", "hf_judge_score"]) == {"edu_score": True, "hf_judge_score": True}
+    t = docs(200)
+    t = t.append_column("edu_score", pa.array([i / 200 for i in range(200)], pa.float64()))
+    t = t.append_column("hf_judge_score", pa.array([5 - i / 40 for i in range(200)], pa.float64()))
+    tables = fit_tables([t], KNOWN_JUDGES, min_docs=20)
+    assert {"edu_score", "hf_judge_score"} <= set(tables.judges)
+    assert tables.judges["edu_score"]["higher_is_better"] and tables.judges["hf_judge_score"]["higher_is_better"]
+
+
 def test_report_shows_documents_and_tokens_per_tier():
     from quipu.flows.reports import format_funnel, summary_markdown
     tiers = {"es": {"0": {"docs": 3, "tokens": 120, "kept_docs": 3, "kept_tokens": 120,
