@@ -76,3 +76,54 @@ def fluent_junk(lang: str, prose: list[str], n: int, seed: int = 0) -> list[dict
             text = doorway(lang, rng)
         docs.append({"id": f"fluent-{lang}-{seed}-{i}", "text": text, "lang": lang, "kind": kind})
     return docs
+
+
+class BackoffSentenceGenerator:
+    """A second generator of another kind than `NgramGenerator`, so a judge is not tuned to one: a
+    Witten-Bell backoff model over word AND punctuation tokens (tasks/fluency.py's TOKEN), sampled
+    sentence by sentence from `<s>` to `</s>` (sentence ends are the model's, not a stop rule), backing
+    off to shorter contexts with the held-out mass, so it also writes n-grams no reference text has;
+    detokenised (no space before , . ; : ! ? ) » or after ( ¿ ¡ «). Deterministic for an rng."""
+
+    def __init__(self, texts: list[str], order: int):
+        from collections import Counter, defaultdict as dd
+        from quipu.tasks.fluency import TOKEN
+        self.order = order
+        self.next: dict[tuple, Counter] = dd(Counter)
+        for t in texts:
+            for s in sentences(t):
+                toks = ["<s>"] * (order - 1) + TOKEN.findall(s) + ["</s>"]
+                for i in range(order - 1, len(toks)):
+                    for k in range(order):          # every context length 0..order-1
+                        self.next[tuple(toks[i - k:i])][toks[i]] += 1
+        self.tables = {ctx: (list(c), list(c.values()), len(c) / (len(c) + sum(c.values())))
+                       for ctx, c in self.next.items()}
+
+    def _token(self, history: list[str], rng: random.Random) -> str:
+        for k in range(self.order - 1, -1, -1):
+            table = self.tables.get(tuple(history[len(history) - k:]) if k else ())
+            if table and (k == 0 or rng.random() >= table[2]):   # back off with Witten-Bell's held-out mass
+                return rng.choices(table[0], weights=table[1])[0]
+        return "</s>"
+
+    def sentence(self, rng: random.Random) -> str:
+        history = ["<s>"] * (self.order - 1)
+        while len(history) < self.order - 1 + 80:
+            tok = self._token(history, rng)
+            if tok == "</s>":
+                break
+            history.append(tok)
+        text = " ".join(history[self.order - 1:])
+        for p in (",", ".", ";", ":", "!", "?", ")", "»", "%"):
+            text = text.replace(" " + p, p)
+        for p in ("(", "¿", "¡", "«"):
+            text = text.replace(p + " ", p)
+        return text
+
+    def generate(self, rng: random.Random, min_words: int) -> str:
+        out: list[str] = []
+        while sum(len(s.split()) for s in out) < min_words:
+            s = self.sentence(rng)
+            if len(s.split()) >= 3:
+                out.append(s if s[-1:] in ".!?" else s + ".")
+        return " ".join(out)

@@ -100,3 +100,17 @@ def test_cutoffs_come_from_held_out_folds_and_too_little_reference_is_one_line()
     with pytest.raises(ValueError, match="too few") as e:
         fit_with_cutoffs("en", texts[:12])
     assert "\n" not in str(e.value)
+
+
+def test_backoff_sentence_generator_writes_new_ngrams_in_whole_sentences():
+    """The bench's second generator (a different kind from NgramGenerator): deterministic, whole
+    detokenised sentences, and through backoff word trigrams that no reference text has."""
+    from quipu.demo.fluent_junk import BackoffSentenceGenerator
+    prose = python_doc_paragraphs()
+    gen = BackoffSentenceGenerator(prose, 3)
+    a, b = (gen.generate(random.Random(5), 120) for _ in range(2))
+    assert a == b and len(a.split()) >= 120
+    assert all(s[-1] in ".!?" for s in sentences(a)) and " ," not in a and " ." not in a
+    seen = {tuple(w[i:i + 3]) for t in prose for w in [t.split()] for i in range(len(w) - 2)}
+    inside = [tuple(w[i:i + 3]) for s in sentences(a) for w in [s.split()] for i in range(len(w) - 2)]
+    assert any(g not in seen for g in inside)      # within a sentence, not across a sentence break
