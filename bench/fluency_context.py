@@ -18,7 +18,9 @@ Signals (higher = more prose-like; the direction and the cut-off come from the O
 Each cell: held-out prose kept / generated removed (demo, backoff), cut at the `--percentile` of the other
 sources' prose scores; `+burst`: removed by the signal OR the shipped burstiness judge (fitted without the source).
 
-    .venv/bin/python bench/fluency_context.py [--langs en,es,pt] [--lm 8 --lm-sources en_nltk_abc_news,...]
+    .venv/bin/python bench/fluency_context.py [--langs en,es,pt]                      # the cheap signals
+    .venv/bin/python bench/fluency_context.py --lm 6 --dump lm.jsonl [--lm-sources en_nltk_abc_news,...]
+    .venv/bin/python bench/fluency_context.py --table-from lm.jsonl                   # the lm_gain table
 """
 from __future__ import annotations
 
@@ -162,6 +164,22 @@ def run_lang(lang: str, args) -> list[str]:
     return rows
 
 
+def dump_table(path: str, percentile: float) -> list[str]:
+    """The `lm_gain` table from a --dump file: each source cut at the `percentile` of the OTHER sources'
+    prose (pooled over languages: a few documents a source; SmolLM2 is one model for all three)."""
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    out = ["| lang | held-out source | prose / demo / backoff docs | cut-off (nats) | prose kept / demo removed / backoff removed "
+           "| median gain: prose / demo / backoff |", "|---|---|---|---:|---|---|"]
+    for r in rows:
+        others = np.concatenate([o["prose"] for o in rows if o is not r]) if len(rows) > 1 else np.array(r["prose"])
+        cut = float(np.percentile(others, percentile))
+        p, d, b = (np.array(r[k]) for k in ("prose", "demo", "backoff"))
+        out.append(f"| {r['lang']} | {r['held'].removesuffix('.jsonl')} | {len(p)} / {len(d)} / {len(b)} | {cut:.3f} | "
+                   f"{(p >= cut).mean():.2f} / {(d < cut).mean():.2f} / {(b < cut).mean():.2f} | "
+                   f"{np.median(p):.2f} / {np.median(d):.2f} / {np.median(b):.2f} |")
+    return out
+
+
 def main() -> int:
     global T0
     ap = argparse.ArgumentParser()
@@ -171,7 +189,11 @@ def main() -> int:
     ap.add_argument("--lm-sources", default="", help="comma-separated held-out sources for --lm (default: all)")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--dump", default="", help="--lm: append each source's scores (JSON lines) to this file")
+    ap.add_argument("--table-from", default="", help="print the lm_gain table of a --dump file and stop")
     args = ap.parse_args()
+    if args.table_from:
+        print("\n".join(dump_table(args.table_from, args.percentile)))
+        return 0
     args.lm_sources = {s.removesuffix(".jsonl") for s in args.lm_sources.split(",") if s}
     T0 = time.time()
     names = ("lm_gain",) if args.lm else (*CHEAP, "burstiness alone")
