@@ -4,8 +4,10 @@ r"""The heuristics stage with and without its issue-40 speed-ups, same documents
 of each file, at most 20,000 characters), in `compat: datatrove` and `compat: quipu`, CPU seconds
 of this process, rounds alternating (the best round of each counts: the machine is shared):
 - `now`: the stage as shipped;
-- `before`: the same stage with the speed-ups undone in place: language_rules' per-word caches off
-  (`__wrapped__`), datatrove's own `GopherQualityFilter`, `DocTokens.words` slicing the text per call.
+- `before`: the same stage with the speed-ups undone in place: language_rules' plain classes (not
+  language_rules_fast's) with their per-word caches off (`__wrapped__`), datatrove's own
+  `GopherQualityFilter`, `DocTokens.words` slicing the text per call. (gopher_counts' `WordStats`
+  and its n-gram counts are shared by both sides.)
 Both must decide the same (checked here on every document; tests/test_heuristics_speed.py too).
 
     .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
@@ -42,9 +44,10 @@ def load(per_file: int):
 @contextlib.contextmanager
 def before():
     """The stage as it was before the speed-ups (see the module docstring)."""
-    from quipu.tasks import heuristics, language_rules
+    from quipu.tasks import heuristics, language_rules, language_rules_fast
     saved = {n: getattr(language_rules, n) for n in ("is_punct_only", "bare", "has_letter", "words_of")}
     spec, words = heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words
+    fast_rules = dict(language_rules_fast.RULES)
 
     def old_words(self, first, end):
         text = self.text
@@ -56,17 +59,21 @@ def before():
         language_rules.words_of = lambda text: [t for t in text.split() if not language_rules.is_punct_only(t)]
         heuristics.FILTERS["gopher_quality"] = (spec[0], "datatrove.pipeline.filters:GopherQualityFilter")
         heuristics.DocTokens.words = old_words
+        language_rules_fast.RULES.update(language_rules.RULES)
         yield
     finally:
         for n, f in saved.items():
             setattr(language_rules, n, f)
+        language_rules_fast.RULES.update(fast_rules)
         heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words = spec, words
 
 
 def run(batch, compat: str) -> tuple[float, list]:
     from quipu.tasks import language_rules
     from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
-    for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter):
+    from quipu.tasks import language_rules_fast
+    for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter,
+              language_rules_fast.words_and_stats, language_rules_fast.word_stats):
         getattr(f, "cache_clear", lambda: None)()      # no answers carried over from the other side's round
     stage = HeuristicFilters(HeuristicsConfig(compat=compat))
     stage.process(batch.slice(0, 5))                   # spaCy / filters loaded before the clock

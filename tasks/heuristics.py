@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quipu.tasks import gopher_counts, language_rules
+from quipu.tasks import gopher_counts, language_rules_fast
 from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
@@ -394,7 +394,7 @@ class HeuristicFilters(Stage):
                     kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
                     kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
                 if cfg.compat == "quipu":
-                    chain.append((name, language_rules.RULES[name](language=lang, **kwargs)))
+                    chain.append((name, language_rules_fast.RULES[name](language=lang, **kwargs)))
                 else:
                     chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
             self._chains[lang] = chain
