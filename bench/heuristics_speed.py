@@ -11,6 +11,7 @@ of this process, rounds alternating (the best round of each counts: the machine 
 Both must decide the same (checked here on every document; tests/test_heuristics_speed.py too).
 
     .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
+    .venv/bin/python bench/heuristics_speed.py --check-all quipu,datatrove
 """
 from __future__ import annotations
 
@@ -27,18 +28,37 @@ sys.path.insert(0, str(ROOT))
 TEXT = ROOT.parent / "shared" / "data" / "text"
 
 
-def load(per_file: int):
+def load(per_file: int, every_file: bool = False, cut: int | None = 20000):
     import pyarrow as pa
     texts, langs = [], []
     for f in sorted(TEXT.glob("*.jsonl")):
         lang = f.name[:2]
-        if lang not in ("en", "es", "pt"):
+        if lang not in ("en", "es", "pt") and not every_file:
             continue
         with open(f, encoding="utf-8") as fh:
             for _, line in zip(range(per_file), fh):
-                texts.append(json.loads(line)["text"][:20000])
-                langs.append(lang)
+                texts.append(json.loads(line)["text"][:cut])
+                langs.append(lang if lang in ("en", "es", "pt") else "en")
     return pa.table({"id": [str(i) for i in range(len(texts))], "text": texts, "lang": langs})
+
+
+def check_all(modes: list[str]) -> None:
+    """Every document of ../shared/data/text (whole, every file) and of the demo corpus: the stage
+    as shipped and as before decide the same (kept ids and texts, removal reasons)."""
+    import pyarrow as pa
+
+    from quipu.demo.corpus import SEED, DocumentPlan
+    shared = load(10**9, every_file=True, cut=None)
+    docs = DocumentPlan(1.0, seed=SEED).build()
+    demo = pa.table({"id": [f"demo{i}" for i in range(len(docs))], "text": [d.plain() for d in docs],
+                     "lang": [d.lang if d.lang in ("en", "es", "pt") else "en" for d in docs]})
+    for name, batch in (("shared text", shared), ("demo corpus", demo)):
+        for compat in modes:
+            _, now, kept = run(batch, compat)
+            with before():
+                _, then, _ = run(batch, compat)
+            print(f"check-all {name} compat {compat}: {batch.num_rows} documents, kept {kept}, same decisions and "
+                  f"texts: {now == then}", flush=True)
 
 
 @contextlib.contextmanager
@@ -68,7 +88,7 @@ def before():
         heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words = spec, words
 
 
-def run(batch, compat: str) -> tuple[float, list]:
+def run(batch, compat: str) -> tuple[float, list, int]:
     from quipu.tasks import language_rules
     from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
     from quipu.tasks import language_rules_fast
@@ -81,14 +101,18 @@ def run(batch, compat: str) -> tuple[float, list]:
     out = stage.process(batch)
     dt = time.process_time() - t0
     return dt, sorted(zip(out.kept.column("id").to_pylist(), out.kept.column("text").to_pylist())) + \
-        sorted(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist()))
+        sorted(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist())), out.kept.num_rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-file", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--check-all", default="", help="comma list of modes (quipu,datatrove): only the identity "
+                    "check over every shared text document and the demo corpus")
     args = ap.parse_args()
+    if args.check_all:
+        return check_all(args.check_all.split(","))
     batch = load(args.per_file)
     print(f"{batch.num_rows} documents; load {os.getloadavg()}", flush=True)
     print("| compat | docs | before: CPU s (docs/s) | now: CPU s (docs/s) | speed-up | same decisions and texts |\n|---|---|---|---|---|---|")
@@ -97,8 +121,8 @@ def main() -> None:
         same = True
         for _ in range(args.rounds):
             with before():
-                b, out_b = run(batch, compat)
-            a, out_a = run(batch, compat)
+                b, out_b, _ = run(batch, compat)
+            a, out_a, _ = run(batch, compat)
             same &= out_a == out_b
             best["before"], best["now"] = min(best.get("before", b), b), min(best.get("now", a), a)
         n = batch.num_rows
