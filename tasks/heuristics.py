@@ -334,7 +334,8 @@ class DocTokens:
         """The token texts, stripped, empty ones dropped (datatrove's `strip_strings`)."""
         if self._tokens is None:        # every token once: the filters ask for the words of many lines
             text = self.text
-            self._tokens = [text[a:a + n].strip() for a, n in zip(self.idx.tolist(), self.length.tolist())]
+            self._tokens = list(map(str.strip, map(text.__getitem__, map(slice, self.idx.tolist(),
+                                                                           (self.idx + self.length).tolist()))))
         return list(filter(None, self._tokens[first:end]))
 
     def sentences(self, part: str, start: int, first: int, end: int) -> list[str]:
