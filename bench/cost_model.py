@@ -127,7 +127,7 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
     measured (its largest size): each stage of the shipped config at its measured core-seconds per
     input page, on all cores at once, plus dedup's serial combine + commit (per document reaching
     it, from the million-document run); and per PDF page from its PDF run."""
-    warc = max((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"])
+    warc = max((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"], default=None)
     serial = costs["stages"]["dedup"].get("serial_s_per_doc", 0.0)
 
     def per_page(row: dict) -> dict[str, tuple[float, float]]:
@@ -135,7 +135,13 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
         return {name: (row["cpu_seconds"] * v["seconds"] / task_s / row["n"], v["input_docs"] / row["n"])
                 for name, v in row["stages"].items()}
 
-    out = [f"**A crawl of {pages:,} pages from WARC, every stage of {crawl.get('config', 'the shipped config')}** "
+    return (warc_run_lines(warc, per_page, serial, cores, pages, crawl.get("config")) if warc else []) + \
+        pdf_run_lines(crawl, per_page, cores)
+
+
+def warc_run_lines(warc: dict, per_page, serial: float, cores: list[int], pages: int, config: str | None) -> list[str]:
+
+    out = [f"**A crawl of {pages:,} pages from WARC, every stage of {config or 'the shipped config'}** "
            f"(projection from `bench/crawl_cost.py` at {warc['n']:,} pages, {warc['at']}: the run's CPU seconds split "
            f"over its stages by task time; dedup's serial part {serial * 1e6:.1f} µs per document reaching it, from the "
            "million-document run)", "",
@@ -152,6 +158,11 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
             f"every stage's intermediate kept ({pages * warc['disk_bytes'] / warc['n'] / 1e12:,.2f} TB for {pages:,} pages; "
             f"without `keep_intermediate` only curated/ and removed/ stay). Peak memory of the run's process tree: "
             f"{warc['tree_peak_rss'] / 2**30:.2f} GiB at {warc['n']:,} pages.", ""]
+    return out
+
+
+def pdf_run_lines(crawl: dict, per_page, cores: list[int]) -> list[str]:
+    out = []
     for row in (r for r in crawl["rows"] if r["what"].startswith("PDF")):
         costs_pdf = per_page(row)
         bound_pdf = max(costs_pdf.items(), key=lambda kv: kv[1][0])[0]
