@@ -154,6 +154,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "900")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", "600")     # a shared, loaded machine answers slowly
     work = Path(tempfile.mkdtemp(prefix="run-", dir=args.data.mkdir(parents=True, exist_ok=True) or args.data))
     os.environ["QUIPU_HOME"] = str(work / "quipu-home")
     os.environ["PREFECT_HOME"] = str(work / "prefect-home")
