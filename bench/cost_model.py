@@ -19,11 +19,13 @@ Model (each assumption is printed with the table):
     .venv/bin/python bench/cost_model.py --measured bench/million_results.json   (written by bench/million_docs.py)
         [--cores 16,64,256] [--docs 10000000,100000000] [--ppl-docs-per-s 480 --ppl-cores 1]
         [--pdf-text-pages-per-s 268 --pdf-ocr-pages-per-s 0.33] [--append bench/RESULTS.md]
-        [--html-pages-per-core-s 95 --html-kept-share 0.9]
+        [--html-pages-per-core-s 95 --html-kept-share 0.9] [--crawl bench/crawl_results.json]
 
 With `--html-pages-per-core-s` (extract's pages per core-second on WARC input,
 bench/extract_throughput.py --warc-pages) the same projection is made for a crawl: extract costs
 that per page, and the later stages see the share of pages extraction keeps (`--html-kept-share`).
+With `--crawl` (bench/crawl_cost.py's results) every stage's cost per page is the one measured on
+WARC input instead.
 """
 from __future__ import annotations
 
@@ -120,6 +122,60 @@ def warc_lines(costs: dict, pages_per_core_s: float, kept: float, cores: list[in
     return lines + [""]
 
 
+def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[str]:
+    """The projection for a crawl of `pages` pages from the WARC run that bench/crawl_cost.py
+    measured (its largest size): each stage of the shipped config at its measured core-seconds per
+    input page, on all cores at once, plus dedup's serial combine + commit (per document reaching
+    it, from the million-document run); and per PDF page from its PDF run."""
+    warc = max((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"], default=None)
+    serial = costs["stages"]["dedup"].get("serial_s_per_doc", 0.0)
+
+    def per_page(row: dict) -> dict[str, tuple[float, float]]:
+        task_s = sum(v["seconds"] for v in row["stages"].values()) or 1e-9
+        return {name: (row["cpu_seconds"] * v["seconds"] / task_s / row["n"], v["input_docs"] / row["n"])
+                for name, v in row["stages"].items()}
+
+    return (warc_run_lines(warc, per_page, serial, cores, pages, crawl.get("config")) if warc else []) + \
+        pdf_run_lines(crawl, per_page, cores)
+
+
+def warc_run_lines(warc: dict, per_page, serial: float, cores: list[int], pages: int, config: str | None) -> list[str]:
+
+    out = [f"**A crawl of {pages:,} pages from WARC, every stage of {config or 'the shipped config'}** "
+           f"(projection from `bench/crawl_cost.py` at {warc['n']:,} pages, {warc['at']}: the run's CPU seconds split "
+           f"over its stages by task time; dedup's serial part {serial * 1e6:.1f} µs per document reaching it, from the "
+           "million-document run)", "",
+           "| stage | CPU ms per page | share of pages reaching it | " + " | ".join(f"{n} cores" for n in cores) + " |",
+           "|---|---:|---:|" + "---:|" * len(cores)]
+    totals = [0.0] * len(cores)
+    for name, (cost, share) in per_page(warc).items():
+        walls = [pages * cost / n + (pages * share * serial if name == "dedup" else 0.0) for n in cores]
+        totals = [t + w for t, w in zip(totals, walls)]
+        out.append(f"| {name} | {cost * 1e3:.2f} | {share:.0%} | " + " | ".join(hours(w) for w in walls) + " |")
+    out.append("| **total (stages one after another)** | | | " + " | ".join(f"**{hours(t)}**" for t in totals) + " |")
+    bound = max(per_page(warc).items(), key=lambda kv: kv[1][0])[0]
+    out += ["", f"Bounding stage on WARC input: **{bound}**. Disk: {warc['disk_bytes'] / warc['n']:,.0f} bytes per page with "
+            f"every stage's intermediate kept ({pages * warc['disk_bytes'] / warc['n'] / 1e12:,.2f} TB for {pages:,} pages; "
+            f"without `keep_intermediate` only curated/ and removed/ stay). Peak memory of the run's process tree: "
+            f"{warc['tree_peak_rss'] / 2**30:.2f} GiB at {warc['n']:,} pages.", ""]
+    return out
+
+
+def pdf_run_lines(crawl: dict, per_page, cores: list[int]) -> list[str]:
+    out = []
+    for row in (r for r in crawl["rows"] if r["what"].startswith("PDF")):
+        costs_pdf = per_page(row)
+        bound_pdf = max(costs_pdf.items(), key=lambda kv: kv[1][0])[0]
+        total = sum(c for c, _ in costs_pdf.values())
+        out += [f"PDF pages (text layers; `bench/crawl_cost.py --pdf`, {row['n']:,} pages of every shared PDF): "
+                f"{total * 1e3:.1f} CPU ms per page over every stage ("
+                + ", ".join(f"{k} {c * 1e3:.2f}" for k, (c, _) in costs_pdf.items())
+                + f"), bounding stage **{bound_pdf}**; 10^6 text-layer pages: "
+                + ", ".join(f"{hours(1e6 * total / n)} on {n} cores" for n in cores) + ". Fixed costs (Prefect, imports, "
+                "model loads) are inside these figures at this size.", ""]
+    return out
+
+
 def hours(s: float) -> str:
     if s >= 3600:
         return f"{s / 3600:,.1f} h"
@@ -139,6 +195,7 @@ def main() -> None:
                     help="PDF pages per core-second read by OCR at 300 dpi (bench/pdf_extraction.py)")
     ap.add_argument("--html-pages-per-core-s", type=float, help="extract on WARC input: pages per core-second")
     ap.add_argument("--html-kept-share", type=float, default=1.0, help="share of WARC pages that extraction keeps")
+    ap.add_argument("--crawl", type=Path, help="crawl_results.json of bench/crawl_cost.py: the crawl projection from it")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -176,6 +233,8 @@ def main() -> None:
                   f"({COMBINE_BYTES_PER_REMOVED} bytes per removed document, {costs['stages']['dedup']['removed_share']:.0%} removed).", ""]
     if args.html_pages_per_core_s:
         lines += warc_lines(costs, args.html_pages_per_core_s, args.html_kept_share, cores, sizes[-1], ppl_core_s)
+    if args.crawl:
+        lines += crawl_lines(json.loads(args.crawl.read_text()), costs, cores, sizes[-1])
     lines += pdf_lines(args.pdf_text_pages_per_s, args.pdf_ocr_pages_per_s, cores)
     tok_docs_core = TOKENIZER_TOKENS_PER_CORE_S / STUDENT_TOKENS
     gpu_docs = GPU_EFFECTIVE_FLOPS / (2 * STUDENT_FLOP_PARAMS * STUDENT_TOKENS)

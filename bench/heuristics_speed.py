@@ -4,11 +4,14 @@ r"""The heuristics stage with and without its issue-40 speed-ups, same documents
 of each file, at most 20,000 characters), in `compat: datatrove` and `compat: quipu`, CPU seconds
 of this process, rounds alternating (the best round of each counts: the machine is shared):
 - `now`: the stage as shipped;
-- `before`: the same stage with the speed-ups undone in place: language_rules' per-word caches off
-  (`__wrapped__`), datatrove's own `GopherQualityFilter`, `DocTokens.words` slicing the text per call.
+- `before`: the same stage with the speed-ups undone in place: language_rules' plain classes (not
+  language_rules_fast's) with their per-word caches off (`__wrapped__`), datatrove's own
+  `GopherQualityFilter`, `DocTokens.words` slicing the text per call. (gopher_counts' `WordStats`
+  and its n-gram counts are shared by both sides.)
 Both must decide the same (checked here on every document; tests/test_heuristics_speed.py too).
 
     .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
+    .venv/bin/python bench/heuristics_speed.py --check-all quipu,datatrove
 """
 from __future__ import annotations
 
@@ -25,26 +28,46 @@ sys.path.insert(0, str(ROOT))
 TEXT = ROOT.parent / "shared" / "data" / "text"
 
 
-def load(per_file: int):
+def load(per_file: int, every_file: bool = False, cut: int | None = 20000):
     import pyarrow as pa
     texts, langs = [], []
     for f in sorted(TEXT.glob("*.jsonl")):
         lang = f.name[:2]
-        if lang not in ("en", "es", "pt"):
+        if lang not in ("en", "es", "pt") and not every_file:
             continue
         with open(f, encoding="utf-8") as fh:
             for _, line in zip(range(per_file), fh):
-                texts.append(json.loads(line)["text"][:20000])
-                langs.append(lang)
+                texts.append(json.loads(line)["text"][:cut])
+                langs.append(lang if lang in ("en", "es", "pt") else "en")
     return pa.table({"id": [str(i) for i in range(len(texts))], "text": texts, "lang": langs})
+
+
+def check_all(modes: list[str]) -> None:
+    """Every document of ../shared/data/text (whole, every file) and of the demo corpus: the stage
+    as shipped and as before decide the same (kept ids and texts, removal reasons)."""
+    import pyarrow as pa
+
+    from quipu.demo.corpus import SEED, DocumentPlan
+    shared = load(10**9, every_file=True, cut=None)
+    docs = DocumentPlan(1.0, seed=SEED).build()
+    demo = pa.table({"id": [f"demo{i}" for i in range(len(docs))], "text": [d.plain() for d in docs],
+                     "lang": [d.lang if d.lang in ("en", "es", "pt") else "en" for d in docs]})
+    for name, batch in (("shared text", shared), ("demo corpus", demo)):
+        for compat in modes:
+            _, now, kept = run(batch, compat)
+            with before():
+                _, then, _ = run(batch, compat)
+            print(f"check-all {name} compat {compat}: {batch.num_rows} documents, kept {kept}, same decisions and "
+                  f"texts: {now == then}", flush=True)
 
 
 @contextlib.contextmanager
 def before():
     """The stage as it was before the speed-ups (see the module docstring)."""
-    from quipu.tasks import heuristics, language_rules
+    from quipu.tasks import heuristics, language_rules, language_rules_fast
     saved = {n: getattr(language_rules, n) for n in ("is_punct_only", "bare", "has_letter", "words_of")}
     spec, words = heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words
+    fast_rules = dict(language_rules_fast.RULES)
 
     def old_words(self, first, end):
         text = self.text
@@ -56,17 +79,21 @@ def before():
         language_rules.words_of = lambda text: [t for t in text.split() if not language_rules.is_punct_only(t)]
         heuristics.FILTERS["gopher_quality"] = (spec[0], "datatrove.pipeline.filters:GopherQualityFilter")
         heuristics.DocTokens.words = old_words
+        language_rules_fast.RULES.update(language_rules.RULES)
         yield
     finally:
         for n, f in saved.items():
             setattr(language_rules, n, f)
+        language_rules_fast.RULES.update(fast_rules)
         heuristics.FILTERS["gopher_quality"], heuristics.DocTokens.words = spec, words
 
 
-def run(batch, compat: str) -> tuple[float, list]:
+def run(batch, compat: str) -> tuple[float, list, int]:
     from quipu.tasks import language_rules
     from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
-    for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter):
+    from quipu.tasks import language_rules_fast
+    for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter,
+              language_rules_fast.words_and_stats, language_rules_fast.word_stats):
         getattr(f, "cache_clear", lambda: None)()      # no answers carried over from the other side's round
     stage = HeuristicFilters(HeuristicsConfig(compat=compat))
     stage.process(batch.slice(0, 5))                   # spaCy / filters loaded before the clock
@@ -74,14 +101,18 @@ def run(batch, compat: str) -> tuple[float, list]:
     out = stage.process(batch)
     dt = time.process_time() - t0
     return dt, sorted(zip(out.kept.column("id").to_pylist(), out.kept.column("text").to_pylist())) + \
-        sorted(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist()))
+        sorted(zip(out.removed.column("id").to_pylist(), out.removed.column("reason").to_pylist())), out.kept.num_rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-file", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--check-all", default="", help="comma list of modes (quipu,datatrove): only the identity "
+                    "check over every shared text document and the demo corpus")
     args = ap.parse_args()
+    if args.check_all:
+        return check_all(args.check_all.split(","))
     batch = load(args.per_file)
     print(f"{batch.num_rows} documents; load {os.getloadavg()}", flush=True)
     print("| compat | docs | before: CPU s (docs/s) | now: CPU s (docs/s) | speed-up | same decisions and texts |\n|---|---|---|---|---|---|")
@@ -90,8 +121,8 @@ def main() -> None:
         same = True
         for _ in range(args.rounds):
             with before():
-                b, out_b = run(batch, compat)
-            a, out_a = run(batch, compat)
+                b, out_b, _ = run(batch, compat)
+            a, out_a, _ = run(batch, compat)
             same &= out_a == out_b
             best["before"], best["now"] = min(best.get("before", b), b), min(best.get("now", a), a)
         n = batch.num_rows

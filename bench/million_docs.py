@@ -285,6 +285,7 @@ class TreeSampler:
     def __init__(self, every: float = 0.5):
         import psutil
         self.proc, self.every, self.peak = psutil.Process(), every, 0
+        self.samples: list[tuple[float, int]] = []      # (perf_counter, summed RSS): peaks per stage window
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -298,6 +299,7 @@ class TreeSampler:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            self.samples.append((time.perf_counter(), total))
 
     def __enter__(self):
         self._t.start()
@@ -381,7 +383,8 @@ def child_dedup(shards: list[dict], work: Path, threads: int) -> dict:
             "candidates": d["candidates"], "exact_dup": d["exact_dup"], "near_dup": d["near_dup"]}
 
 
-def child_curate(files: list[str], work: Path, full: bool) -> dict:
+def child_curate(files: list[str], work: Path, full: bool, config_path: str | None = None,
+                 overrides: tuple[str, ...] = ()) -> dict:
     from prefect import flow
 
     from quipu.flows.curate import CurateConfig, curate
@@ -392,7 +395,13 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
         return 1
 
     warm_up()   # the Prefect API starts before the clock
-    if full:   # the demo's stages (quality and perplexity need trained models: off, as in the demo config)
+    if config_path:   # a shipped config as it is (bench/crawl_cost.py): every stage it enables, intermediates kept
+        from quipu.flows.config import load_config
+        config = load_config(CurateConfig, config_path, [f"output={work / 'run'}", f"dataset=crawl-{len(files)}",
+                                                         "keep_intermediate=true", f"dedup.index_dir={work / 'index'}",
+                                                         *overrides])
+        config = config.model_copy(update={"input": files})
+    elif full:   # the demo's stages (quality and perplexity need trained models: off, as in the demo config)
         from quipu.flows.config import load_config
         gsm8k = work / "gsm8k.yaml"     # the shared GSM8K copy (the registry's entry expects data/benchmarks/gsm8k)
         work.mkdir(parents=True, exist_ok=True)
@@ -409,11 +418,20 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
                                               "dedup": {"index_dir": str(work / "index")}})
     from quipu.flows.runners import make_task_runner
     runner = make_task_runner(config.runner, config.workers)   # as `quipu curate` runs it: `workers` threads
+    from quipu.flows import curate as curate_module
+    finished: list[tuple[str, float]] = []        # (stage, perf_counter) as each stage finishes
+    finish = curate_module.CurateProgress.finish
+    curate_module.CurateProgress.finish = lambda self, stage, report: (finished.append((stage, time.perf_counter())),
+                                                                      finish(self, stage, report))[1]
     reset_peak()
     t0, c0 = time.perf_counter(), cpu_seconds()
     with TreeSampler() as tree:
         summary = curate.with_options(task_runner=runner)(config)
     seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    windows, start = {}, t0           # a stage's window: from the previous stage's finish to its own
+    for stage, t in finished:
+        windows[stage] = max((rss for ts, rss in tree.samples if start <= ts <= t), default=0)
+        start = t
     import pyarrow.parquet as pq
     removed, by_stage = {}, {}
     for f in sorted((work / "run" / "dedup" / "removed").glob("*.parquet")):
@@ -424,7 +442,8 @@ def child_curate(files: list[str], work: Path, full: bool) -> dict:
         for doc_id in pq.read_table(f, columns=["id"]).column(0).to_pylist():
             removed_by_stage[doc_id] = f.parent.parent.name
     for s in summary["stages"]:
-        by_stage[s["name"]] = {"input_docs": s["input_docs"], "kept_docs": s["kept_docs"], "seconds": s["seconds"]}
+        by_stage[s["name"]] = {"input_docs": s["input_docs"], "kept_docs": s["kept_docs"], "seconds": s["seconds"],
+                               "tree_peak_rss": windows.get(s["name"]), "disk_bytes": du(work / "run" / s["name"])}
     return {"docs": summary["records_read"], "seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak_rss(),
             "tree_peak_rss": tree.peak, "removed": removed, "stages": by_stage, "removed_by_stage": removed_by_stage,
             "disk_bytes": du(work / "run", work / "index"), "curated_rows": summary["curated"]["rows"]}
@@ -459,7 +478,7 @@ def child_main(kind: str, payload_path: str, result_path: str) -> None:
     elif kind == "dedup":
         res = child_dedup(payload["shards"], work, payload.get("threads", 2))
     else:
-        res = child_curate(payload["files"], work, kind == "curate-full")
+        res = child_curate(payload["files"], work, kind == "curate-full", payload.get("config"), payload.get("set", ()))
     Path(result_path).write_text(json.dumps(res))
 
 

@@ -48,17 +48,28 @@ def _powers(base: int, mod: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 class WordStats:
     """One document's words as arrays: ids, lengths, and prefix hashes of their concatenation."""
 
-    def __init__(self, words: list[str]):
+    def __init__(self, words: list[str], distinct: dict | None = None):
+        """`distinct`: `dict.fromkeys(words)` when the caller already has it."""
         self.words = words
         # ids in order of first occurrence; the loops run in C but over the distinct words
-        ids = {w: i for i, w in enumerate(dict.fromkeys(words))}
+        distinct = dict.fromkeys(words) if distinct is None else distinct
+        ids = dict(zip(distinct, range(len(distinct))))
         self.ids = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
         self.vocab = len(ids)
-        self.space_free = all(" " not in w for w in ids)
+        self.distinct = list(ids)          # the distinct words, id order
         self.offsets = np.zeros(len(words) + 1, np.int64)
-        np.cumsum(np.array(list(map(len, words)), np.int64), out=self.offsets[1:])
+        np.cumsum(np.fromiter(map(len, words), np.int64, len(words)), out=self.offsets[1:])
         self.joined = "".join(words)
+        self.space_free = " " not in self.joined     # no word holds a space
         self._prefix: list[np.ndarray] | None = None
+        self._counts: np.ndarray | None = None
+
+    @property
+    def counts(self) -> np.ndarray:
+        """How often each distinct word occurs (id order)."""
+        if self._counts is None:
+            self._counts = np.bincount(self.ids, minlength=self.vocab)
+        return self._counts
 
     def _prefixes(self) -> list[np.ndarray]:
         if self._prefix is None:
@@ -99,7 +110,7 @@ class WordStats:
             part = (h[end] - h[start]) % mod * back[start] % mod       # the n-gram's hash, position-free
             key = key * (1 << 31) + part
         if len(set(key.tolist())) == m:
-            return 0                         # no n-gram string occurs twice
+            return 0                         # no hash occurs twice, so no n-gram string does
         order = np.argsort(key, kind="stable")     # positions grouped by hash, in position order
         sorted_key = key[order]
         new_group = np.ones(m, bool)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quipu.tasks import gopher_counts, language_rules
+from quipu.tasks import gopher_counts, language_rules_fast
 from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
@@ -334,7 +334,8 @@ class DocTokens:
         """The token texts, stripped, empty ones dropped (datatrove's `strip_strings`)."""
         if self._tokens is None:        # every token once: the filters ask for the words of many lines
             text = self.text
-            self._tokens = [text[a:a + n].strip() for a, n in zip(self.idx.tolist(), self.length.tolist())]
+            self._tokens = list(map(str.strip, map(text.__getitem__, map(slice, self.idx.tolist(),
+                                                                           (self.idx + self.length).tolist()))))
         return list(filter(None, self._tokens[first:end]))
 
     def sentences(self, part: str, start: int, first: int, end: int) -> list[str]:
@@ -394,7 +395,7 @@ class HeuristicFilters(Stage):
                     kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
                     kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
                 if cfg.compat == "quipu":
-                    chain.append((name, language_rules.RULES[name](language=lang, **kwargs)))
+                    chain.append((name, language_rules_fast.RULES[name](language=lang, **kwargs)))
                 else:
                     chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
             self._chains[lang] = chain

@@ -72,6 +72,7 @@ POLICY = {
 SENTENCE_FINAL = frozenset({"etc", "uu", "ee.uu", "inc", "ltd", "ltda", "co", "cia", "a.c", "d.c", "a.m", "p.m",
                             "s.a", "s.l", "u.s", "u.k"})
 SENTENCE_END = re.compile(r"[.!?…]+[\"'»”’)\]]*(?=\s|$)")
+NEXT_CHAR = re.compile(r"\s*(\S?)")
 CLOSERS = "\"'»”’)]}*_ \t\r"
 STOP_CHARS = tuple(TERMINAL_PUNCTUATION)
 
@@ -127,11 +128,11 @@ def count_sentences(line: str, lang: str) -> int:
     for m in SENTENCE_END.finditer(line):
         end = m.end()
         if m.group().startswith(".") and m.group().rstrip("\"'»”’)]") == ".":
-            before = line[last:m.start()].split()
+            before = line[last:m.start()].rsplit(None, 1)      # its last word
             token = bare(before[-1]) if before else ""
-            rest = line[end:].lstrip()
-            final = token in SENTENCE_FINAL and not rest[:1].islower()
-            if (token in abbrev and not final) or (len(token) == 1 and token.isalpha()) or rest[:1].islower():
+            after = NEXT_CHAR.match(line, end).group(1)         # line[end:].lstrip()[:1]
+            final = token in SENTENCE_FINAL and not after.islower()
+            if (token in abbrev and not final) or (len(token) == 1 and token.isalpha()) or after.islower():
                 continue             # an abbreviation, an initial, or the sentence goes on in lower case
         if line[last:m.start()].strip():
             n += 1
@@ -275,11 +276,14 @@ class C4Rules(_Rules):
                 whole = whole or "curly_bracket"
                 if stop:
                     return None, whole, n_sentences
-            if self.filter_policy and any(p in lower for p in POLICY.get(self.lang, POLICY["en"])):
+            if self.filter_policy and self.is_policy(lower):
                 continue
             n_sentences += count_sentences(line, self.lang)
             kept.append(line)
         return "\n".join(kept).strip(), whole, n_sentences
+
+    def is_policy(self, lower: str) -> bool:
+        return any(p in lower for p in POLICY.get(self.lang, POLICY["en"]))
 
     def statistics(self, text: str) -> dict[str, float]:
         edited, reason, n = self.edit(text, stop=False)

@@ -1,14 +1,16 @@
-"""The heuristics stage's speed-ups change no decision, in either mode: per-word answers cached
-(`compat: quipu`: language_rules; `compat: datatrove`: tasks/gopher_quality_fast.py) and the
-document's tokens kept as strings (heuristics.DocTokens), checked against the uncached code and
-datatrove's own class on real en/es/pt text and on variants of it built to trip other rules."""
+"""The heuristics stage's speed-ups change no decision, in either mode: `compat: quipu` runs
+language_rules_fast's classes (words shared, per-distinct-word statistics, early stops) and
+`compat: datatrove` tasks/gopher_quality_fast.py and heuristics.DocTokens' token strings; checked
+against the reference code (language_rules' plain classes, uncached; datatrove's own class) on real
+en/es/pt text, variants of it built to trip other rules, and the demo corpus. bench/heuristics_speed.py
+--check-all compares every document of ../shared/data/text and the demo corpus, both modes."""
 from __future__ import annotations
 
 import json
 
 import pyarrow as pa
 
-from quipu.tasks import language_rules
+from quipu.tasks import language_rules, language_rules_fast
 from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
 
 
@@ -38,17 +40,45 @@ def verdicts(texts: list[str], langs: list[str], compat: str) -> list[tuple[str 
     return [got[f"d{i}"] for i in range(len(texts))]
 
 
-def test_quipu_mode_decides_as_the_uncached_rules(shared_data, monkeypatch):
-    texts, langs = documents(shared_data)
-    fast = verdicts(texts, langs, "quipu")
+def demo_documents(scale: float = 0.1) -> tuple[list[str], list[str]]:
+    """The demo corpus's documents (articles, spam, word salad, keyboard noise, short ones...)."""
+    from quipu.demo.corpus import SEED, DocumentPlan
+    docs = DocumentPlan(scale, seed=SEED).build()
+    return [d.plain() for d in docs], [d.lang if d.lang in ("en", "es", "pt") else "en" for d in docs]
+
+
+def reference_rules(monkeypatch) -> None:
+    """`compat: quipu` as language_rules states it: its plain classes, no per-word caches."""
     for name in ("is_punct_only", "bare", "has_letter"):
         monkeypatch.setattr(language_rules, name, getattr(language_rules, name).__wrapped__)
     monkeypatch.setattr(language_rules, "words_of",
                         lambda text: [t for t in text.split() if not language_rules.is_punct_only(t)])
+    monkeypatch.setattr(language_rules_fast, "RULES", dict(language_rules.RULES))
+
+
+def test_quipu_mode_decides_as_the_reference_rules(shared_data, monkeypatch):
+    texts, langs = documents(shared_data)
+    demo_texts, demo_langs = demo_documents()
+    texts, langs = texts + demo_texts, langs + demo_langs
+    fast = verdicts(texts, langs, "quipu")
+    reference_rules(monkeypatch)
     slow = verdicts(texts, langs, "quipu")
     assert fast == slow
     reasons = {r.split(":")[0] + ":" + r.split(":")[1] for r, _ in fast if r}
     assert len(reasons) >= 5 and sum(r is None for r, _ in fast) > 20, reasons      # many rules decided
+
+
+def test_fast_statistics_are_the_reference_s(shared_data):
+    """Every statistic (what `quipu calibrate` measures too), not only the verdicts, is the same number."""
+    texts, langs = documents(shared_data, per_file=3)
+    params = HeuristicsConfig()
+    for text, lang in zip(texts, langs):
+        for name in ("gopher_repetition", "gopher_quality", "fineweb"):
+            kwargs = params.filter_config(name, lang).model_dump(exclude={"enabled"})
+            if name == "gopher_quality":
+                kwargs["stop_words"] = DEFAULT_STOP_WORDS[lang]
+            fast = language_rules_fast.RULES[name](language=lang, **kwargs).statistics(text)
+            assert fast == language_rules.RULES[name](language=lang, **kwargs).statistics(text), (name, text[:80])
 
 
 def test_datatrove_mode_gopher_quality_is_datatrove_s(shared_data):

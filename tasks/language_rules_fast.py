@@ -1,0 +1,131 @@
+"""`compat: quipu`'s rules (quipu.tasks.language_rules) computed with less work, to the same numbers.
+
+language_rules states each statistic plainly and stays the reference (tests/test_heuristics_speed.py
+and bench/heuristics_speed.py compare these classes with it on real en/es/pt text). Here:
+- a document's words are split once and shared by Gopher repetition, Gopher quality and FineWeb
+  (`words_and_stats`, the last few texts kept); punctuation-only tokens are looked for among the
+  distinct tokens, not every token;
+- Gopher quality's per-word statistics (bare length, holds a letter, stop words) are computed once
+  per distinct word and weighted by its count: integer sums, so the means are the same floats;
+- Gopher repetition stops at the first rule that fails, in datatrove's order (the reason is the
+  same; the later statistics are not needed), and its n-gram counts reuse the shared word arrays;
+- line tests run as C-level `map`s; C4's policy substrings are one regex.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from itertools import compress, filterfalse
+from operator import methodcaller, mul
+
+from datatrove.pipeline.filters.gopher_repetition_filter import find_duplicates
+
+from quipu.tasks import language_rules as rules
+from quipu.tasks.gopher_counts import WordStats
+
+
+@lru_cache(maxsize=4)
+def words_and_stats(text: str) -> tuple[list[str], dict]:
+    """(`language_rules.words_of(text)`, `dict.fromkeys` of those words)."""
+    tokens = text.split()
+    distinct = dict.fromkeys(tokens)
+    punct = list(filter(rules.is_punct_only, distinct))
+    if not punct:
+        return tokens, distinct
+    for token in punct:      # the other keys keep their order: dict.fromkeys of the words
+        del distinct[token]
+    return list(filterfalse(set(punct).__contains__, tokens)), distinct
+
+
+@lru_cache(maxsize=4)
+def word_stats(text: str) -> WordStats:
+    words, distinct = words_and_stats(text)
+    return WordStats(words, distinct)
+
+
+STARTS_BULLET = methodcaller("startswith", ("•", "-"))
+ENDS_ELLIPSIS = methodcaller("endswith", ("...", "…"))
+
+
+class GopherRepetitionFast(rules.GopherRepetitionRules):
+    def _statistics(self, text: str):
+        """(statistic, value, limit) in the order `check` applies them; limit None: not a rule."""
+        n = len(text)
+        paragraphs = self.paragraph_exp.split(text.strip())
+        p_dup, p_chars = find_duplicates(paragraphs)
+        yield "dup_para_frac", p_dup / len(paragraphs), self.dup_para_frac or None
+        yield "dup_para_char_frac", p_chars / n, self.dup_para_char_frac or None
+        lines = self.line_exp.split(text)
+        l_dup, l_chars = find_duplicates(lines)
+        yield "dup_line_frac", l_dup / len(lines), self.dup_line_frac or None
+        yield "dup_line_char_frac", l_chars / n, self.dup_line_char_frac or None
+        stats = word_stats(text)
+        for k, limit in self.top_n_grams:
+            yield f"top_{k}_gram", stats.top_duplicate(k) / n if len(stats.words) >= k else 0.0, limit
+        for k, limit in self.dup_n_grams:
+            yield f"duplicated_{k}_n_grams", stats.all_duplicate(k) / n, limit
+
+    def statistics(self, text: str) -> dict[str, float]:
+        return {name: value for name, value, _ in self._statistics(text)} if text else {}
+
+    def check(self, text: str):
+        if not text:
+            return False, "empty", text
+        for name, value, limit in self._statistics(text):
+            if limit is not None and value > limit:
+                return False, name, text
+        return True, None, text
+
+
+class GopherQualityFast(rules.GopherQualityRules):
+    def statistics(self, text: str) -> dict[str, float]:
+        words, _ = words_and_stats(text)
+        n = len(words)
+        lines = text.splitlines() or [""]
+        if n:
+            stats = word_stats(text)
+            bare = list(map(rules.bare, stats.distinct))
+            counts = stats.counts.tolist()
+            length = sum(map(mul, map(len, bare), counts))            # integer sums: exact
+            letters = sum(compress(counts, map(rules.has_letter, stats.distinct)))
+            avg, alpha, stop = length / n, letters / n, len(self.stop_words.intersection(bare))
+        else:
+            avg, alpha, stop = 0.0, 0.0, 0
+        return {
+            "n_words": n,
+            "avg_word_length": avg,
+            "hash_ratio": text.count("#") / max(n, 1),
+            "ellipsis_ratio": (text.count("...") + text.count("…")) / max(n, 1),
+            "bullet_lines_ratio": sum(map(STARTS_BULLET, map(str.lstrip, lines))) / len(lines),
+            "ellipsis_lines_ratio": sum(map(ENDS_ELLIPSIS, map(str.rstrip, lines))) / len(lines),
+            "alpha_words_ratio": alpha,
+            "stop_words": stop,
+        }
+
+
+class FineWebFast(rules.FineWebRules):
+    def statistics(self, text: str) -> dict[str, float]:
+        lines = [line for line in text.split("\n") if line.strip()]
+        if not lines:
+            return {}
+        chars = len(text.replace("\n", "")) or 1
+        short = self.short_line_length
+        return {"line_punct_ratio": sum(map(rules.ends_in_punct, lines)) / len(lines),
+                "short_line_ratio": sum(len(line.strip()) <= short for line in lines) / len(lines),
+                "char_dup_ratio": find_duplicates(lines)[1] / chars,
+                "list_ratio": text.count("\n") / max(len(words_and_stats(text)[0]), 1)}
+
+
+@lru_cache(maxsize=16)
+def policy_pattern(lang: str) -> re.Pattern:
+    """One regex for C4's policy substrings of a language: found iff one of them is in the line."""
+    return re.compile("|".join(map(re.escape, rules.POLICY.get(lang, rules.POLICY["en"]))))
+
+
+class C4Fast(rules.C4Rules):
+    def is_policy(self, lower: str) -> bool:
+        return policy_pattern(self.lang).search(lower) is not None
+
+
+RULES = {"gopher_repetition": GopherRepetitionFast, "gopher_quality": GopherQualityFast, "c4": C4Fast,
+         "fineweb": FineWebFast}
