@@ -9,7 +9,8 @@ import json
 import pyarrow as pa
 
 from quipu.tasks import language_rules
-from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
+from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+from quipu.tasks.languages import LANGUAGES
 
 
 def documents(root, per_file: int = 8) -> tuple[list[str], list[str]]:
@@ -60,7 +61,7 @@ def test_datatrove_mode_gopher_quality_is_datatrove_s(shared_data):
     tok = {"en": "eng", "es": "spa", "pt": "por"}
     seen = set()
     for text, lang in zip(texts, langs):
-        kwargs = dict(stop_words=DEFAULT_STOP_WORDS[lang], language=tok[lang])
+        kwargs = dict(stop_words=list(LANGUAGES[lang].stop_words), language=tok[lang])
         want = GopherQualityFilter(**kwargs).filter(Document(text=text, id="x"))
         assert GopherQualityFast(**kwargs).filter(Document(text=text, id="x")) == want, text[:100]
         seen.add(want if want is True else want[1])
