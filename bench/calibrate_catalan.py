@@ -113,20 +113,29 @@ def main() -> None:
     refs = [a for p in CALIBRATE for a in ("--reference", str(ref / f"{p}.jsonl"))]
     quipu("calibrate", str(ROOT / "configs" / "curate" / "default.yaml"), *refs, "--lang", "ca", "--keep", "0.97",
           "--output", str(output), "--report", str(work / "report"), "--replace")
-    print(f"\n| source | role | documents | removed | top reasons |\n|---|---|---|---|---|")
+    for package in CALIBRATE + CHECK:
+        quipu("curate", str(output), "--input", str(ref / f"{package}.jsonl"), "--output", str(work / "runs" / package),
+              "--set", "dedup.enabled=false", "--set", "lines.enabled=false", "--allow-empty")
+    print(table(work, counts))
+
+
+def table(work: Path, counts: dict[str, int]) -> str:
+    """Per source: documents, those langid labels ca, and of those the share langid + heuristics remove, by reason."""
+    import pyarrow.parquet as pq
+    rows = ["| source | role | documents | labelled ca | ca removed | top reasons (of the ca documents) |",
+            "|---|---|---|---|---|---|"]
     for package in CALIBRATE + CHECK:
         out = work / "runs" / package
-        quipu("curate", str(output), "--input", str(ref / f"{package}.jsonl"), "--output", str(out),
-              "--set", "dedup.enabled=false", "--set", "lines.enabled=false", "--allow-empty")
-        run = json.loads((out / "run.json").read_text())
-        removed: Counter = Counter()
-        for st in run["stages"]:
-            if st["name"] in ("langid", "heuristics"):
-                removed.update(st.get("removed_by_reason") or {})
-        n = counts[package]
-        top = ", ".join(f"{r} {100 * c / n:.1f} %" for r, c in removed.most_common(3))
+        kept = [r for p in sorted((out / "curated").glob("*.parquet")) for r in pq.read_table(p, columns=["lang"]).to_pylist()]
+        removed = [r for p in sorted(out.glob("*/removed/*.parquet"))
+                   for r in pq.read_table(p, columns=["lang", "reason"]).to_pylist() if "lang" in pq.read_schema(p).names]
+        ca_kept = sum(r["lang"] == "ca" for r in kept)
+        reasons = Counter(r["reason"] for r in removed if r["lang"] == "ca")
+        n_ca = ca_kept + sum(reasons.values())
+        top = ", ".join(f"{r} {100 * c / max(n_ca, 1):.1f} %" for r, c in reasons.most_common(3))
         role = "calibration" if package in CALIBRATE else "left out"
-        print(f"| {package} | {role} | {n} | {100 * sum(removed.values()) / max(n, 1):.1f} % | {top} |")
+        rows.append(f"| {package} | {role} | {counts[package]} | {n_ca} | {100 * sum(reasons.values()) / max(n_ca, 1):.1f} % | {top} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

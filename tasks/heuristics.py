@@ -2,8 +2,8 @@
 FineWeb's order, configured per language.
 
 We use datatrove's filter classes as they are (their rules, their reason names) and add what a
-curation run needs around them: one filter instance per document language (tokeniser and Gopher
-stop words for Spanish and Portuguese, not only English), a reason for every removal
+curation run needs around them: one filter instance per document language (its tokeniser and Gopher
+stop words from the language table, quipu.tasks.languages, not only English), a reason for every removal
 (`<filter>:<rule>`, e.g. `gopher_quality:gopher_enough_stop_words`), and a per-document error
 guard so one odd document cannot stop a shard. The C4 filter also edits text (drops lines without
 terminal punctuation, citations, policy lines), so kept documents carry the edited text.
