@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from quipu.tasks import language_rules, languages
+from quipu.tasks import language_rules
 from quipu.tasks.heuristics import HeuristicsConfig, build_chain
 from quipu.tasks.langid import LangIdConfig, default_model_path, load_fasttext, predict_topk
 from quipu.tasks.language_rules import Rule
