@@ -22,6 +22,7 @@ import yaml
 from quipu.catalog.errors import UserError
 from quipu.catalog.files import write_bytes_atomic
 from quipu.tasks import calibration as cal
+from quipu.tasks import languages
 
 
 class CalibrateError(UserError, ValueError):
@@ -287,8 +288,12 @@ def run_calibration(config_path: str, reference: list[str], lang: str, junk: lis
         raise CalibrateError("--output: where to write the calibrated config (or --check for the report only)")
     if lid_tau is not None and not 0.3 <= lid_tau[0] <= 0.9:
         raise CalibrateError(f"--lid-tau: expected FineWeb-2's tau, between 0.3 and 0.9 (got {lid_tau[0]})")
+    if languages.language(lang) is None:
+        raise CalibrateError(languages.missing_message("--lang", [lang], "calibration and the heuristics stage"))
     raw = read_yaml(config_path)
     config = load_config(CurateConfig, config_path)
+    if lang not in config.langid.languages:     # a new language: kept from now on (and no rival of itself)
+        config.langid = config.langid.model_copy(update={"languages": [*config.langid.languages, lang]})
     ref_texts = read_reference(config, reference, lang)
     heur = config.heuristics.model_copy(update={"compat": "quipu"})
     junk_texts = read_texts(junk, "--junk") if junk else None

@@ -130,7 +130,9 @@ def format_validation_error(err: ValidationError, source: str = "config", model:
             if model is not None:
                 msg += did_you_mean(model, [str(p) for p in e["loc"]])
         got = e.get("input")
-        got_s = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {short_repr(got)})"
+        # a whole section's check (a model validator) names what it looked at: the section is no help
+        whole = e["type"] == "value_error" and isinstance(got, dict)
+        got_s = "" if e["type"] in ("extra_forbidden", "missing") or whole else f" (got {short_repr(got)})"
         lines.append(f"{source}: {key}: {msg}{got_s}")
     if len(errors) > 10:
         lines.append(f"{source}: ... and {len(errors) - 10:,} more errors")

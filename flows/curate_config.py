@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from quipu.catalog.names import check_name
 from quipu.flows.runners import RunnerConfig
+from quipu.tasks import languages
 from quipu.tasks.driver import StageRef
 from quipu.tasks.extract import ExtractConfig
 from quipu.tasks.output import OutputConfig
@@ -46,6 +47,16 @@ class CurateSettings(BaseModel):
         if not v.enabled:
             raise ValueError("the extract stage reads the inputs and cannot be switched off")
         return v
+
+    @model_validator(mode="after")
+    def _languages_in_table(self):
+        """A kept language the heuristics stage has no lists for is refused before any work: its documents
+        would otherwise all be removed (or, before the language table, judged with the English lists)."""
+        langid, heuristics = getattr(self, "langid", None), getattr(self, "heuristics", None)
+        if langid is not None and heuristics is not None and langid.enabled and heuristics.enabled:
+            if unknown := languages.missing(langid.languages):
+                raise ValueError(languages.missing_message("langid.languages", unknown, "heuristics"))
+        return self
 
     def context(self, run_id: str | None = None) -> RunContext:
         """The run as its stages see it: the output folder, the dataset (naming the dedup index)."""

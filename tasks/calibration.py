@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from quipu.tasks import language_rules
-from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicsConfig
+from quipu.tasks.heuristics import HeuristicsConfig, build_chain
 from quipu.tasks.langid import LangIdConfig, default_model_path, load_fasttext, predict_topk
+from quipu.tasks.language_rules import Rule
 from quipu.tasks.per_language import resolve
 
 MIN_REFERENCE_DOCS = 50      # resolving a 3 % tail needs a few dozen documents; fewer is a guess
@@ -46,47 +47,8 @@ MIN_LANGUAGE_SHARE = 0.8     # of the reference identified as the language, or i
 HIST_BINS = 30
 
 
-@dataclass(frozen=True)
-class Rule:
-    filter: str                  # heuristics block, or "langid"
-    param: str                   # config key
-    stat: str                    # key of language_rules statistics
-    kind: str                    # "min": documents below are removed; "max": above
-    bounds: tuple[float, float] | None = None   # plausible range; None: not calibrated (policy)
-    integer: bool = False
-    n: int | None = None         # the n of an n-gram list parameter
-    falsy_off: bool = True       # datatrove's Gopher rules: a threshold of 0 / null is off
-
-    @property
-    def key(self) -> str:
-        return f"{self.filter}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
-
-
-RULES: list[Rule] = [
-    Rule("gopher_repetition", "dup_para_frac", "dup_para_frac", "max", (0.3, 0.5)),
-    Rule("gopher_repetition", "dup_para_char_frac", "dup_para_char_frac", "max", (0.2, 0.4)),
-    Rule("gopher_repetition", "dup_line_frac", "dup_line_frac", "max", (0.3, 0.5)),
-    Rule("gopher_repetition", "dup_line_char_frac", "dup_line_char_frac", "max", (0.2, 0.4)),
-    *[Rule("gopher_repetition", "top_n_grams", f"top_{n}_gram", "max", (tight, 0.3), n=n, falsy_off=False)
-      for n, tight in ((2, 0.2), (3, 0.18), (4, 0.16))],
-    *[Rule("gopher_repetition", "dup_n_grams", f"duplicated_{n}_n_grams", "max", (tight, 0.25), n=n, falsy_off=False)
-      for n, tight in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))],
-    Rule("gopher_quality", "min_doc_words", "n_words", "min"),
-    Rule("gopher_quality", "max_doc_words", "n_words", "max"),
-    Rule("gopher_quality", "min_avg_word_length", "avg_word_length", "min", (2.5, 3.0)),
-    Rule("gopher_quality", "max_avg_word_length", "avg_word_length", "max", (10.0, 14.0)),
-    Rule("gopher_quality", "max_symbol_word_ratio", "symbol_word_ratio", "max", (0.1, 0.2)),
-    Rule("gopher_quality", "max_bullet_lines_ratio", "bullet_lines_ratio", "max", (0.9, 0.95)),
-    Rule("gopher_quality", "max_ellipsis_lines_ratio", "ellipsis_lines_ratio", "max", (0.3, 0.5)),
-    Rule("gopher_quality", "max_non_alpha_words_ratio", "alpha_words_ratio", "min", (0.6, 0.85)),
-    Rule("gopher_quality", "min_stop_words", "stop_words", "min", (1, 3), integer=True),
-    Rule("c4", "filter_curly_bracket", "c4_whole_document", "max"),
-    Rule("c4", "min_num_sentences", "num_sentences", "min", (1, 2), integer=True, falsy_off=False),
-    Rule("fineweb", "line_punct_thr", "line_punct_ratio", "min", (0.05, 0.2), falsy_off=False),
-    Rule("fineweb", "short_line_thr", "short_line_ratio", "max", (0.67, 0.9), falsy_off=False),
-    Rule("fineweb", "char_duplicates_ratio", "char_dup_ratio", "max", (0.01, 0.1), falsy_off=False),
-    Rule("fineweb", "new_line_ratio", "list_ratio", "max", (0.3, 0.5), falsy_off=False),
-]
+# every heuristics threshold, declared by its rule (statistic, direction, plausible range)
+RULES: list[Rule] = language_rules.calibrated_rules()
 LID = Rule("langid", "min_score", "lang_score", "min", (0.3, 0.9), falsy_off=False)
 
 
@@ -103,38 +65,18 @@ class Measured:
     lid_labels: list[str]
 
 
-def rule_objects(heur: HeuristicsConfig, lang: str) -> dict[str, Any]:
-    """The `compat: quipu` filter objects for `lang` (enabled ones), as the stage builds them."""
-    out = {}
-    for name, cls in language_rules.RULES.items():
-        fc = heur.filter_config(name, lang)
-        if not fc.enabled:
-            continue
-        kwargs = fc.model_dump(exclude={"enabled"})
-        if name == "gopher_quality" and kwargs.get("stop_words") is None:
-            kwargs["stop_words"] = heur.stop_words.get(lang, heur.stop_words.get("en", DEFAULT_STOP_WORDS["en"]))
-        out[name] = cls(language=lang, **kwargs)
-    return out
+def rule_objects(heur: HeuristicsConfig, lang: str) -> list[tuple[str, Any]]:
+    """The `compat: quipu` filters for `lang` (enabled ones, in order), built by the stage's builder."""
+    return build_chain(heur.model_copy(update={"compat": "quipu"}), lang)
 
 
-def statistics(text: str, rules: dict[str, Any]) -> dict[str, float]:
-    """One document's statistics in the stage's order: FineWeb measures the text C4 left."""
+def statistics(text: str, rules: list[tuple[str, Any]]) -> dict[str, float]:
+    """One document's statistics as the chain sees it: each filter measures the text the one before
+    it left (FineWeb measures what C4 kept)."""
     out: dict[str, float] = {}
-    if "gopher_repetition" in rules:
-        out.update(rules["gopher_repetition"].statistics(text))
-    if "gopher_quality" in rules:
-        s = rules["gopher_quality"].statistics(text)
-        s["symbol_word_ratio"] = max(s["hash_ratio"], s["ellipsis_ratio"])
-        out.update(s)
-    after_c4 = text
-    if "c4" in rules:
-        edited, whole, n = rules["c4"].edit(text, stop=False)
-        out["num_sentences"] = n
-        out["c4_whole_document"] = 1.0 if whole else 0.0
-        after_c4 = edited
-    if "fineweb" in rules:
-        s = rules["fineweb"].statistics(after_c4)
-        out.update(s or {"line_punct_ratio": math.nan})     # nothing left: the rule's "empty"
+    for _, rule in rules:
+        stats, text = rule.measure(text)
+        out.update(stats)
     return out
 
 
@@ -183,7 +125,7 @@ def check_reference(n_docs: int, lang: str, labels: list[str] | None = None) -> 
 def threshold_of(rule: Rule, heur: HeuristicsConfig, langid: LangIdConfig, lang: str):
     """The threshold that applies to `lang` now (None: the rule is off for it)."""
     if rule.filter == "langid":
-        return langid.min_score_per_language.get(lang, resolve(langid.min_score, lang, 0.0))
+        return resolve(langid.min_score, lang, 0.0)
     fc = heur.filter_config(rule.filter, lang)
     if not fc.enabled:
         return None
@@ -311,6 +253,12 @@ def apply(raw: dict, lang: str, calibrated: dict[str, dict]) -> tuple[dict, dict
     if heur.get("compat") != "quipu":
         heur["compat"] = "quipu"
         comments[("heuristics", "compat")] = "the statistics quipu calibrate measured (quipu.tasks.language_rules)"
+    langid_block = raw.get("langid") or {}
+    raw["langid"] = langid_block
+    kept = list(langid_block.get("languages") or LangIdConfig().languages)
+    if lang not in kept:
+        langid_block["languages"] = kept + [lang]
+        comments[("langid", "languages")] = f"{lang} added by quipu calibrate"
     defaults = {"langid": LangIdConfig(), "heuristics": HeuristicsConfig()}
     for item in calibrated.values():
         rule: Rule = item["rule"]

@@ -2,14 +2,15 @@
 FineWeb's order, configured per language.
 
 We use datatrove's filter classes as they are (their rules, their reason names) and add what a
-curation run needs around them: one filter instance per document language (tokeniser and Gopher
-stop words for Spanish and Portuguese, not only English), a reason for every removal
+curation run needs around them: one filter instance per document language (its tokeniser and Gopher
+stop words from the language table, quipu.tasks.languages, not only English), a reason for every removal
 (`<filter>:<rule>`, e.g. `gopher_quality:gopher_enough_stop_words`), and a per-document error
 guard so one odd document cannot stop a shard. The C4 filter also edits text (drops lines without
 terminal punctuation, citations, policy lines), so kept documents carry the edited text.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 from typing import Any, ClassVar, Literal
@@ -17,23 +18,12 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quipu.tasks import gopher_counts, language_rules_fast
+from quipu.tasks import gopher_counts, language_rules_fast, languages
 from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
 
-# lid.176 codes to datatrove's (ISO 639-3) tokeniser languages.
-TOKENIZER_LANGUAGE = {"en": "eng", "es": "spa", "pt": "por", "fr": "fra", "de": "deu", "it": "ita",
-                      "nl": "nld", "ca": "cat", "gl": "glg"}
-
-# Gopher's rule asks for at least 2 of 8 very common function words; the English list is Gopher's,
-# the Spanish and Portuguese lists are the 8 most frequent function words of each language.
-DEFAULT_STOP_WORDS = {
-    "en": ["the", "be", "to", "of", "and", "that", "have", "with"],
-    "es": ["de", "la", "que", "el", "en", "y", "a", "los"],
-    "pt": ["de", "a", "o", "que", "e", "do", "da", "em"],
-}
-
+log = logging.getLogger(__name__)
 
 class _FilterConfig(BaseModel):
     """A filter's parameters: each a scalar or a per-language value (quipu.tasks.per_language).
@@ -73,7 +63,7 @@ class GopherQualityConfig(_FilterConfig):
     max_ellipsis_lines_ratio: PerLanguage(float, ge=0, le=1) = 0.3
     max_non_alpha_words_ratio: PerLanguage(float, ge=0, le=1) = Field(0.8, description="really a minimum: the share of words holding a letter (datatrove's name)")
     min_stop_words: PerLanguage(int, ge=0) = 2
-    stop_words: list[str] | None = Field(None, description="default: the document language's list in heuristics.stop_words")
+    stop_words: list[str] | None = Field(None, description="default: the document language's list (heuristics.stop_words, else the language table's)")
 
 
 class C4Config(_FilterConfig):
@@ -123,7 +113,9 @@ class HeuristicsConfig(StageConfig):
     gopher_quality: GopherQualityConfig = GopherQualityConfig()
     c4: C4Config = C4Config()
     fineweb: FineWebConfig = FineWebConfig()
-    stop_words: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_STOP_WORDS))
+    stop_words: dict[str, list[str]] = Field(
+        default_factory=dict, description="Gopher stop words per language, in place of the language table's "
+                                          "(quipu.tasks.languages), e.g. {es: [de, la, que, el, en, y, a, los]}")
     per_language: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict,
         description="overrides per language, e.g. {es: {gopher_quality: {min_doc_words: 40}}}")
@@ -147,6 +139,36 @@ class HeuristicsConfig(StageConfig):
         if not override:
             return base
         return type(base).model_validate({**base.model_dump(), **override}).for_language(lang)
+
+
+def build_chain(cfg: HeuristicsConfig, lang: str) -> list[tuple[str, Any]]:
+    """The enabled filters for documents in `lang` (a language of the table), in FineWeb's order:
+    datatrove's (`compat: datatrove`) or quipu's (`compat: quipu`: quipu.tasks.language_rules_fast, the
+    same decisions and statistics as the reference rules in language_rules, computed once per word). The
+    one builder of the chain: the stage's, and what `quipu calibrate` measures."""
+    entry = languages.language(lang)
+    chain = []
+    for name, (_, spec) in FILTERS.items():
+        fc = cfg.filter_config(name, lang)
+        if not fc.enabled:
+            continue
+        kwargs = fc.model_dump(exclude={"enabled"})
+        if name == "gopher_quality" and kwargs.get("stop_words") is None:
+            kwargs["stop_words"] = cfg.stop_words.get(lang, list(entry.stop_words))
+        if name == "gopher_repetition":
+            kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
+            kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
+        if cfg.compat == "quipu":
+            chain.append((name, language_rules_fast.RULES[name](language=lang, **kwargs)))
+        else:
+            chain.append((name, _import(spec)(language=entry.tokenizer, **kwargs)))
+    return chain
+
+
+def _import(spec: str):
+    import importlib
+    mod, cls = spec.split(":")
+    return getattr(importlib.import_module(mod), cls)
 
 
 # datatrove caches one spaCy tokenizer per language for the whole process, and spaCy's tokenizer is
@@ -363,12 +385,6 @@ def _punct_hashes(punct_chars: frozenset):
     return _PUNCT_HASHES[punct_chars]
 
 
-def _import(spec: str):
-    import importlib
-    mod, cls = spec.split(":")
-    return getattr(importlib.import_module(mod), cls)
-
-
 class HeuristicFilters(Stage):
     name = "heuristics"
     Config = HeuristicsConfig
@@ -379,31 +395,16 @@ class HeuristicFilters(Stage):
         SharedTokens.install()
 
     def chain(self, lang: str) -> list[tuple[str, Any]]:
-        """The enabled datatrove filters for one language, built once."""
+        """The enabled filters for one language, built once."""
         if lang not in self._chains:
-            cfg: HeuristicsConfig = self.config
-            tok_lang = TOKENIZER_LANGUAGE.get(lang, "eng")
-            chain = []
-            for name, (_, spec) in FILTERS.items():
-                fc = cfg.filter_config(name, lang)
-                if not fc.enabled:
-                    continue
-                kwargs = fc.model_dump(exclude={"enabled"})
-                if name == "gopher_quality" and kwargs.get("stop_words") is None:
-                    kwargs["stop_words"] = cfg.stop_words.get(lang, cfg.stop_words.get("en", DEFAULT_STOP_WORDS["en"]))
-                if name == "gopher_repetition":
-                    kwargs["top_n_grams"] = tuple(tuple(x) for x in kwargs["top_n_grams"])
-                    kwargs["dup_n_grams"] = tuple(tuple(x) for x in kwargs["dup_n_grams"])
-                if cfg.compat == "quipu":
-                    chain.append((name, language_rules_fast.RULES[name](language=lang, **kwargs)))
-                else:
-                    chain.append((name, _import(spec)(language=tok_lang, **kwargs)))
-            self._chains[lang] = chain
+            self._chains[lang] = build_chain(self.config, lang)
         return self._chains[lang]
 
     def judge(self, text: str, lang: str, doc_id: str) -> tuple[str, str | None]:
         """(possibly edited text, removal reason or None)."""
         from datatrove.data import Document
+        if languages.language(lang) is None:
+            return text, f"no_language_entry:{lang}"
         doc = Document(text=text, id=doc_id)
         chain = self.chain(lang)
         with _TOKENIZER_LOCK:
@@ -431,14 +432,17 @@ class HeuristicFilters(Stage):
         langs = batch.column("lang").to_pylist() if "lang" in batch.column_names else ["en"] * len(texts)
         from datatrove.data import Document
         new_texts, keep, reasons = [], [], []
-        chains = {lang or "en": self.chain(lang or "en") for lang in set(langs)}
-        tok_langs = {TOKENIZER_LANGUAGE.get(lang, "eng") for lang in chains}
+        langs = [lang or "en" for lang in langs]
+        # a language with no entry in the table has no lists to be judged by: removed, named, counted
+        chains = {lang: self.chain(lang) for lang in set(langs) if languages.language(lang)}
+        no_entry = {lang: langs.count(lang) for lang in sorted(set(langs) - set(chains))}
+        tok_langs = {languages.language(lang).tokenizer for lang in chains}
         # one lock for the whole batch; spaCy's cache on, its memory bounded (see use_tokenizer_cache)
         with _TOKENIZER_LOCK:
             if self.config.compat == "datatrove":
                 use_tokenizer_cache(tok_langs)
-            verdicts = [self._judge(Document(text=text, id=doc_id), chains[lang or "en"])
-                        for text, lang, doc_id in zip(texts, langs, ids)]
+            verdicts = [self._judge(Document(text=text, id=doc_id), chains[lang]) if lang in chains
+                        else (text, f"no_language_entry:{lang}") for text, lang, doc_id in zip(texts, langs, ids)]
         for text, (new_text, reason) in zip(texts, verdicts):
             keep.append(reason is None)
             reasons.append(reason)
@@ -447,5 +451,11 @@ class HeuristicFilters(Stage):
         batch = set_column(batch, pa.field("text", pa.string(), nullable=False), new_texts)
         kept, removed = split_by_mask(batch, keep, reasons)
         edited = sum(1 for a, b, k in zip(texts, new_texts, keep) if k and a != b)
-        return Outcome(kept, removed, {"edited_by_c4": edited, "edits": {"documents edited by c4": edited}})
+        stats = {"edited_by_c4": edited, "edits": {"documents edited by c4": edited}}
+        if no_entry:
+            stats["no_language_entry"] = no_entry
+            log.warning("heuristics: %s documents in %s, which the language table (quipu.tasks.languages) has no "
+                        "entry for, removed as no_language_entry:<lang> (add the language: docs/languages.md)",
+                        sum(no_entry.values()), ", ".join(no_entry))
+        return Outcome(kept, removed, stats)
 

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
@@ -31,7 +31,6 @@ class LangIdConfig(StageConfig):
                                  description="ISO 639-1 codes to keep")
     min_score: PerLanguage(float, ge=0, le=1) = Field(0.65, description="minimum fastText probability of the top label; "
                                                              "per language: {default: 0.65, es: 0.84}")
-    min_score_per_language: dict[str, float] = Field(default_factory=dict, description="older form of a per-language min_score (wins over it)")
     max_rival_score: PerLanguage(float, ge=0, le=1) = Field(
         0.11,
         description="also remove a document when a non-target language scores at least this much "
@@ -45,14 +44,13 @@ class LangIdConfig(StageConfig):
     def _codes(cls, v: list[str]) -> list[str]:
         return [check_language_code(code) for code in v]
 
-    @field_validator("min_score_per_language")
+    @model_validator(mode="before")
     @classmethod
-    def _scores(cls, v: dict[str, float]) -> dict[str, float]:
-        for code, score in v.items():
-            check_language_code(code)
-            if not 0 <= score <= 1:
-                raise ValueError(f"the score for '{code}' must be in [0, 1], got {score}")
-        return v
+    def _removed_keys(cls, data):
+        if isinstance(data, dict) and "min_score_per_language" in data:
+            raise ValueError("min_score_per_language was removed: write the per-language scores in min_score, "
+                             "e.g. min_score: {default: 0.65, es: 0.84}")
+        return data
 
 
 @lru_cache(maxsize=4)
@@ -104,7 +102,7 @@ class LanguageId(Stage):
         per_lang: dict[str, int] = {}
         for lang, score, pred in zip(langs, scores, preds):
             per_lang[lang] = per_lang.get(lang, 0) + 1
-            threshold = cfg.min_score_per_language.get(lang, resolve(cfg.min_score, lang, 0.0))
+            threshold = resolve(cfg.min_score, lang, 0.0)
             max_rival = resolve(cfg.max_rival_score, lang)
             rival = next(((code, p) for code, p in pred if code not in targets), None) if pred else None
             if lang not in targets:

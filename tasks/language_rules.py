@@ -32,45 +32,22 @@ calibrated threshold and the rule that applies it measure the same thing.
 """
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from functools import lru_cache
 from itertools import filterfalse
 
 import numpy as np
-from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, POLICY_SUBSTRINGS
+from dataclasses import dataclass
+
+from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS
 from datatrove.pipeline.filters.gopher_repetition_filter import find_duplicates
 from datatrove.utils.text import TERMINAL_PUNCTUATION
 
 from quipu.tasks.gopher_counts import WordStats
+from quipu.tasks import languages
 
-# Abbreviations that end in a period inside a sentence, lower-cased, without the final period.
-ABBREVIATIONS = {
-    "en": "mr mrs ms dr prof sr jr st mt vs etc e.g i.e approx dept est fig no nos vol vols p pp ed eds "
-          "jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt rev gov sen rep inc ltd co corp "
-          "u.s u.k a.m p.m ph.d b.a m.a ca cf al op",
-    "es": "sr sra sres sras srta d dña dr dra dres lic lda ing arq prof profa sto sta ud uds vd vds "
-          "pág págs p pp etc ej ee uu ee.uu cía av avda c/ nº núm art arts cap caps fig vol vols ed "
-          "aprox apdo tel dpto depto admón gral excmo excma ilmo ilma rvdo mons pza ctra km mín máx "
-          "a.c d.c a.m p.m s.a s.l ss pl vs cf op cit ib ibid id",
-    "pt": "sr sra srs sras srta dr dra drs dras prof profa eng arq exmo exma ilmo ilma v.exa d "
-          "pág págs p pp etc ex ver cia av r n nº núm art arts cap caps fig vol vols ed aprox tel "
-          "dept depto gov min máx a.c d.c a.m p.m s.a ltda jan fev mar abr mai jun jul ago set out nov dez "
-          "cf op cit ib ibid id",
-}
-# abbreviations that also end sentences: they end one when the next word is capitalised
-# C4's policy lines (cookie banners, legal footers) in each language: datatrove's list is English only
-POLICY = {
-    "en": tuple(POLICY_SUBSTRINGS) + ("all rights reserved", "accept all cookies", "cookie settings"),
-    "es": ("política de privacidad", "política de cookies", "utilizamos cookies", "usamos cookies", "uso de cookies",
-           "utiliza cookies", "usa cookies", "aviso legal", "condiciones de uso", "términos de uso",
-           "derechos reservados", "configurar cookies", "aceptar cookies"),
-    "pt": ("política de privacidade", "política de cookies", "utilizamos cookies", "usamos cookies", "uso de cookies",
-           "utiliza cookies", "usa cookies", "termos de uso", "termos e condições", "direitos reservados",
-           "configurar cookies", "aceitar cookies"),
-}
-SENTENCE_FINAL = frozenset({"etc", "uu", "ee.uu", "inc", "ltd", "ltda", "co", "cia", "a.c", "d.c", "a.m", "p.m",
-                            "s.a", "s.l", "u.s", "u.k"})
 SENTENCE_END = re.compile(r"[.!?…]+[\"'»”’)\]]*(?=\s|$)")
 NEXT_CHAR = re.compile(r"\s*(\S?)")
 CLOSERS = "\"'»”’)]}*_ \t\r"
@@ -115,15 +92,18 @@ def bare(word: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def abbreviations(lang: str) -> frozenset[str]:
-    return frozenset(ABBREVIATIONS.get(lang, ABBREVIATIONS["en"]).split())
+def abbreviations(lang: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The language's abbreviations, and those of them that also end a sentence before a capital
+    (quipu.tasks.languages)."""
+    entry = languages.language(lang)
+    return frozenset(entry.abbreviations.split()), frozenset(entry.ends_sentence.split())
 
 
 def count_sentences(line: str, lang: str) -> int:
     """Sentences in one line: ends at . ! ? … (with closing quotes) before a space or the line's end,
     except after the language's abbreviations, an initial ("J. R. Tolkien") or inside a number. Text
     after the last end is not a sentence (spaCy's sentencizer counts it: every menu item was one)."""
-    abbrev = abbreviations(lang)
+    abbrev, ends_sentence = abbreviations(lang)
     n, last = 0, 0
     for m in SENTENCE_END.finditer(line):
         end = m.end()
@@ -131,7 +111,7 @@ def count_sentences(line: str, lang: str) -> int:
             before = line[last:m.start()].rsplit(None, 1)      # its last word
             token = bare(before[-1]) if before else ""
             after = NEXT_CHAR.match(line, end).group(1)         # line[end:].lstrip()[:1]
-            final = token in SENTENCE_FINAL and not after.islower()
+            final = token in ends_sentence and not after.islower()
             if (token in abbrev and not final) or (len(token) == 1 and token.isalpha()) or after.islower():
                 continue             # an abbreviation, an initial, or the sentence goes on in lower case
         if line[last:m.start()].strip():
@@ -153,8 +133,32 @@ def ends_in_punct(line: str) -> bool:
     return len(line) >= RUN_ON_LINE_CHARS and INNER_END.search(line) is not None
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One threshold of a rule, as `quipu calibrate` sets it (quipu.tasks.calibration): the config
+    key it sits at, the statistic it compares (a key of the rule's `statistics`), the direction and
+    its plausible range."""
+    filter: str                  # heuristics block, or "langid"
+    param: str                   # config key
+    stat: str                    # key of the rule's statistics
+    kind: str                    # "min": documents below are removed; "max": above
+    bounds: tuple[float, float] | None = None   # plausible range; None: not calibrated (policy)
+    integer: bool = False
+    n: int | None = None         # the n of an n-gram list parameter
+    falsy_off: bool = True       # datatrove's Gopher rules: a threshold of 0 / null is off
+
+    @property
+    def key(self) -> str:
+        return f"{self.filter}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
+
+
 class _Rules:
-    """Base: `filter(doc)` applies `statistics` against the thresholds in datatrove's rule order."""
+    """Base: `filter(doc)` applies `statistics` against the thresholds in datatrove's rule order.
+    `CALIBRATION`: the thresholds of the filter, each with its statistic and plausible range (the
+    tight end is datatrove's English default except where quipu's statistic differs from
+    datatrove's: alpha words, line punctuation, sentences, stop words, set on the shared es/pt/en
+    text; see quipu.tasks.calibration)."""
+    CALIBRATION: tuple[Rule, ...] = ()
 
     def __init__(self, language: str = "en", **params):
         self.lang = language
@@ -165,9 +169,22 @@ class _Rules:
         doc.text = text
         return True if ok else (False, reason)
 
+    def measure(self, text: str) -> tuple[dict[str, float], str]:
+        """(the statistics of `text`, the text the next filter of the chain sees)."""
+        return self.statistics(text), text
+
 
 class GopherRepetitionRules(_Rules):
     """datatrove's GopherRepetitionFilter over whitespace words."""
+    CALIBRATION = (
+        Rule("gopher_repetition", "dup_para_frac", "dup_para_frac", "max", (0.3, 0.5)),
+        Rule("gopher_repetition", "dup_para_char_frac", "dup_para_char_frac", "max", (0.2, 0.4)),
+        Rule("gopher_repetition", "dup_line_frac", "dup_line_frac", "max", (0.3, 0.5)),
+        Rule("gopher_repetition", "dup_line_char_frac", "dup_line_char_frac", "max", (0.2, 0.4)),
+        *[Rule("gopher_repetition", "top_n_grams", f"top_{n}_gram", "max", (tight, 0.3), n=n, falsy_off=False)
+          for n, tight in ((2, 0.2), (3, 0.18), (4, 0.16))],
+        *[Rule("gopher_repetition", "dup_n_grams", f"duplicated_{n}_n_grams", "max", (tight, 0.25), n=n, falsy_off=False)
+          for n, tight in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))])
     paragraph_exp = re.compile(r"\n{2,}")
     line_exp = re.compile("\n+")
 
@@ -208,6 +225,16 @@ class GopherRepetitionRules(_Rules):
 
 class GopherQualityRules(_Rules):
     """datatrove's GopherQualityFilter; words: whitespace tokens that are not punctuation only."""
+    CALIBRATION = (
+        Rule("gopher_quality", "min_doc_words", "n_words", "min"),
+        Rule("gopher_quality", "max_doc_words", "n_words", "max"),
+        Rule("gopher_quality", "min_avg_word_length", "avg_word_length", "min", (2.5, 3.0)),
+        Rule("gopher_quality", "max_avg_word_length", "avg_word_length", "max", (10.0, 14.0)),
+        Rule("gopher_quality", "max_symbol_word_ratio", "symbol_word_ratio", "max", (0.1, 0.2)),
+        Rule("gopher_quality", "max_bullet_lines_ratio", "bullet_lines_ratio", "max", (0.9, 0.95)),
+        Rule("gopher_quality", "max_ellipsis_lines_ratio", "ellipsis_lines_ratio", "max", (0.3, 0.5)),
+        Rule("gopher_quality", "max_non_alpha_words_ratio", "alpha_words_ratio", "min", (0.6, 0.85)),
+        Rule("gopher_quality", "min_stop_words", "stop_words", "min", (1, 3), integer=True))
 
     def statistics(self, text: str) -> dict[str, float]:
         words = words_of(text)
@@ -224,6 +251,11 @@ class GopherQualityRules(_Rules):
             "alpha_words_ratio": sum(map(has_letter, words)) / n if n else 0.0,
             "stop_words": len(self.stop_words.intersection(bare_words)),
         }
+
+    def measure(self, text: str) -> tuple[dict[str, float], str]:
+        s = self.statistics(text)
+        s["symbol_word_ratio"] = max(s["hash_ratio"], s["ellipsis_ratio"])   # max_symbol_word_ratio's two rules
+        return s, text
 
     def check(self, text: str):
         s = self.statistics(text)
@@ -248,7 +280,15 @@ class GopherQualityRules(_Rules):
 
 
 class C4Rules(_Rules):
-    """datatrove's C4QualityFilter (the same line edits) with sentences counted by `count_sentences`."""
+    """datatrove's C4QualityFilter (the same line edits) with sentences counted by `count_sentences`
+    and policy lines in the document's language."""
+    CALIBRATION = (
+        Rule("c4", "filter_curly_bracket", "c4_whole_document", "max"),
+        Rule("c4", "min_num_sentences", "num_sentences", "min", (1, 2), integer=True, falsy_off=False))
+
+    def __init__(self, language: str = "en", **params):
+        super().__init__(language, **params)
+        self.policy_lines = languages.language(self.lang).policy_lines
 
     def edit(self, text: str, stop: bool = True) -> tuple[str | None, str | None, int]:
         """(edited text or None, whole-document reason or None, sentences in the kept lines); with
@@ -283,11 +323,14 @@ class C4Rules(_Rules):
         return "\n".join(kept).strip(), whole, n_sentences
 
     def is_policy(self, lower: str) -> bool:
-        return any(p in lower for p in POLICY.get(self.lang, POLICY["en"]))
+        return any(p in lower for p in self.policy_lines)
 
     def statistics(self, text: str) -> dict[str, float]:
+        return self.measure(text)[0]
+
+    def measure(self, text: str) -> tuple[dict[str, float], str]:
         edited, reason, n = self.edit(text, stop=False)
-        return {"num_sentences": n, "c4_whole_document": 1.0 if reason else 0.0}
+        return {"num_sentences": n, "c4_whole_document": 1.0 if reason else 0.0}, edited
 
     def check(self, text: str):
         edited, reason, n = self.edit(text)
@@ -300,6 +343,14 @@ class C4Rules(_Rules):
 
 class FineWebRules(_Rules):
     """datatrove's FineWebQualityFilter; a line's end is looked at through closing quotes and spaces."""
+    CALIBRATION = (
+        Rule("fineweb", "line_punct_thr", "line_punct_ratio", "min", (0.05, 0.2), falsy_off=False),
+        Rule("fineweb", "short_line_thr", "short_line_ratio", "max", (0.67, 0.9), falsy_off=False),
+        Rule("fineweb", "char_duplicates_ratio", "char_dup_ratio", "max", (0.01, 0.1), falsy_off=False),
+        Rule("fineweb", "new_line_ratio", "list_ratio", "max", (0.3, 0.5), falsy_off=False))
+
+    def measure(self, text: str) -> tuple[dict[str, float], str]:
+        return self.statistics(text) or {"line_punct_ratio": math.nan}, text     # nothing left: the rule's "empty"
 
     def statistics(self, text: str) -> dict[str, float]:
         lines = [line for line in text.split("\n") if line.strip()]
@@ -328,3 +379,8 @@ class FineWebRules(_Rules):
 
 RULES = {"gopher_repetition": GopherRepetitionRules, "gopher_quality": GopherQualityRules,
          "c4": C4Rules, "fineweb": FineWebRules}
+
+
+def calibrated_rules() -> list[Rule]:
+    """Every filter's thresholds, in the chain's order: what `quipu calibrate` sets and reports."""
+    return [rule for cls in RULES.values() for rule in cls.CALIBRATION]

@@ -20,7 +20,7 @@ from operator import methodcaller, mul
 
 from datatrove.pipeline.filters.gopher_repetition_filter import find_duplicates
 
-from quipu.tasks import language_rules as rules
+from quipu.tasks import language_rules as rules, languages
 from quipu.tasks.gopher_counts import WordStats
 
 
@@ -119,7 +119,7 @@ class FineWebFast(rules.FineWebRules):
 @lru_cache(maxsize=16)
 def policy_pattern(lang: str) -> re.Pattern:
     """One regex for C4's policy substrings of a language: found iff one of them is in the line."""
-    return re.compile("|".join(map(re.escape, rules.POLICY.get(lang, rules.POLICY["en"]))))
+    return re.compile("|".join(map(re.escape, languages.language(lang).policy_lines)))
 
 
 class C4Fast(rules.C4Rules):

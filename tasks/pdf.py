@@ -44,6 +44,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.tasks.child_worker import ChildWorker, die_with_parent
+from quipu.tasks.languages import by_tesseract
 from quipu.tasks.pdf_layout import Line, Page, document_text
 
 log = logging.getLogger(__name__)
@@ -72,15 +73,6 @@ class PdfConfig(BaseModel):
 
 # ---- is a text layer usable? ------------------------------------------------------------------
 
-# the commonest words of each OCR language: real prose has a fifth or more of its words among them
-FUNCTION_WORDS = {
-    "spa": "de la que el en y a los del se las por un para con no una su al lo como más o pero sus le ha me si "
-           "sin sobre este ya entre cuando todo esta ser son dos también fue había era muy años hasta desde está",
-    "por": "de a o que e do da em um para é com não uma os no se na por mais as dos como mas foi ao ele das tem "
-           "à seu sua ou ser quando muito há nos já está também só pelo pela até isso entre era depois sem",
-    "eng": "the of and to a in is that for it as was with be by on not he this are or his from at which but "
-           "have an they you were her she there been has their one all we if its will would can may more",
-}
 _WORD = re.compile(r"[^\W\d_]+")
 _SPACE = re.compile(r"[\s\x02\xad\ufffe]+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
@@ -89,8 +81,10 @@ _UNPRONOUNCEABLE = re.compile(r"[bcdfghjklmnpqrstvwxz]{5,}|^[^aeiouyáéíóúâ
 
 
 @lru_cache(maxsize=16)
-def _function_words(languages: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(w for lang in languages for w in FUNCTION_WORDS.get(lang, "").split())
+def _function_words(ocr_languages: tuple[str, ...]) -> frozenset[str]:
+    """The commonest words of the OCR languages (Tesseract codes; the language table's entries)."""
+    entries = (by_tesseract(code) for code in ocr_languages)
+    return frozenset(w for entry in entries if entry is not None for w in entry.ocr_function_words.split())
 
 
 def text_layer_problem(text: str, cfg: PdfConfig) -> str | None:
@@ -485,6 +479,10 @@ def tesseract_setup(languages: tuple[str, ...]) -> tuple[str | None, tuple[str, 
     except (subprocess.SubprocessError, OSError):
         have = set(languages)
     usable = tuple(l for l in languages if l in have)
+    if unknown := [l for l in languages if by_tesseract(l) is None]:
+        log.warning("extract.pdf: the language table (quipu.tasks.languages) has no entry with Tesseract code %s: "
+                    "OCR reads it, but its words count neither for a text layer's language check nor for choosing "
+                    "the OCR language of a document (docs/languages.md, 'Adding a language')", ", ".join(unknown))
     if len(usable) < len(languages):
         missing = [l for l in languages if l not in have]
         log.warning("extract.pdf: tesseract has no language data for %s (install tesseract-ocr-%s)%s", ", ".join(missing),

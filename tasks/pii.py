@@ -25,6 +25,7 @@ from functools import lru_cache
 import pyarrow as pa
 from pydantic import Field, field_validator
 
+from quipu.tasks.languages import language
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, Stage, StageConfig, langs_of, split_by_mask
 
@@ -32,9 +33,9 @@ PLACEHOLDERS = {"email": "<EMAIL>", "phone": "<PHONE>", "ip": "<IP>", "id": "<ID
 PII_SPAN = pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32()), pa.field("type", pa.string())])
 PII_SPANS = pa.field("pii_spans", pa.list_(PII_SPAN))
 
-# the countries whose phone formats matter to this project's users, and where each language is written
+# the countries whose phone formats matter to this project's users (where each language is written:
+# its entry's phone_regions in quipu.tasks.languages)
 DEFAULT_REGIONS = ["ES", "PT", "BR", "MX", "AR", "CO", "CL", "US"]
-LANGUAGE_REGIONS = {"es": ["ES", "MX", "AR", "CO", "CL", "US"], "pt": ["BR", "PT"], "en": ["US"]}
 
 
 class PiiConfig(StageConfig):
@@ -260,7 +261,8 @@ class PiiRedaction(Stage):
         """The doc's URL country first (a .br page is read as Brazilian), then its language's."""
         cfg = self.config
         tld = _tld(url)
-        order = ([tld] if tld in cfg.phone_regions else []) + LANGUAGE_REGIONS.get(lang, cfg.phone_regions)
+        entry = language(lang)
+        order = ([tld] if tld in cfg.phone_regions else []) + (list(entry.phone_regions) if entry else cfg.phone_regions)
         return list(dict.fromkeys(r for r in order + cfg.phone_regions if r in cfg.phone_regions))
 
     def find(self, text: str, lang: str, url: str | None, stats: dict) -> list[tuple[int, int, str]]:

@@ -6,7 +6,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
+from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+from quipu.tasks.languages import LANGUAGES
 
 EN = ("The river rose slowly through the night, and by morning the old bridge was under water. "
       "Families in the lower town carried what they could to the church on the hill. "
@@ -44,7 +45,7 @@ def test_reasons_name_filter_and_rule():
 def test_spanish_needs_spanish_stop_words():
     """Gopher's stop-word rule with English stop words removes good Spanish; ours keeps it."""
     ours = HeuristicFilters(HeuristicsConfig())
-    english_only = HeuristicFilters(HeuristicsConfig(stop_words={"en": DEFAULT_STOP_WORDS["en"]}))
+    english_only = HeuristicFilters(HeuristicsConfig(stop_words={"es": list(LANGUAGES["en"].stop_words)}))
     assert ours.process(table([ES], ["es"])).kept.num_rows == 1
     out = english_only.process(table([ES], ["es"]))
     assert out.removed.column("reason").to_pylist() == ["gopher_quality:gopher_enough_stop_words"]
@@ -61,7 +62,7 @@ def test_same_verdicts_as_datatrove_filters(shared_data):
             docs += [(json.loads(next(fh))["text"], lang) for _ in range(40)]
     tok = {"en": "eng", "es": "spa", "pt": "por"}
     chains = {lang: [("gopher_repetition", GopherRepetitionFilter(language=tok[lang])),
-                     ("gopher_quality", GopherQualityFilter(stop_words=DEFAULT_STOP_WORDS[lang], language=tok[lang])),
+                     ("gopher_quality", GopherQualityFilter(stop_words=list(LANGUAGES[lang].stop_words), language=tok[lang])),
                      ("c4", C4QualityFilter(filter_no_terminal_punct=False, language=tok[lang])),
                      ("fineweb", FineWebQualityFilter(language=tok[lang]))] for lang in tok}
     expected = []

@@ -11,7 +11,8 @@ import json
 import pyarrow as pa
 
 from quipu.tasks import language_rules, language_rules_fast
-from quipu.tasks.heuristics import DEFAULT_STOP_WORDS, HeuristicFilters, HeuristicsConfig
+from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
+from quipu.tasks.languages import LANGUAGES
 
 
 def documents(root, per_file: int = 8) -> tuple[list[str], list[str]]:
@@ -76,7 +77,7 @@ def test_fast_statistics_are_the_reference_s(shared_data):
         for name in ("gopher_repetition", "gopher_quality", "fineweb"):
             kwargs = params.filter_config(name, lang).model_dump(exclude={"enabled"})
             if name == "gopher_quality":
-                kwargs["stop_words"] = DEFAULT_STOP_WORDS[lang]
+                kwargs["stop_words"] = list(LANGUAGES[lang].stop_words)
             fast = language_rules_fast.RULES[name](language=lang, **kwargs).statistics(text)
             assert fast == language_rules.RULES[name](language=lang, **kwargs).statistics(text), (name, text[:80])
 
@@ -90,7 +91,7 @@ def test_datatrove_mode_gopher_quality_is_datatrove_s(shared_data):
     tok = {"en": "eng", "es": "spa", "pt": "por"}
     seen = set()
     for text, lang in zip(texts, langs):
-        kwargs = dict(stop_words=DEFAULT_STOP_WORDS[lang], language=tok[lang])
+        kwargs = dict(stop_words=list(LANGUAGES[lang].stop_words), language=tok[lang])
         want = GopherQualityFilter(**kwargs).filter(Document(text=text, id="x"))
         assert GopherQualityFast(**kwargs).filter(Document(text=text, id="x")) == want, text[:100]
         seen.add(want if want is True else want[1])

@@ -309,7 +309,7 @@ def test_unknown_language_codes_are_refused_naming_the_key_and_the_known_codes(t
     for override, key in [(f"heuristics.fineweb.line_punct_thr={{default: 0.12, {code}: 0.2}}", "line_punct_thr"),
                           (f"langid.languages=[es, {code}]", "langid.languages"),
                           (f"heuristics.per_language={{{code}: {{c4: {{}}}}}}", "heuristics"),
-                          (f"langid.min_score_per_language={{{code}: 0.5}}", "min_score_per_language")]:
+                          (f"langid.min_score={{default: 0.65, {code}: 0.5}}", "min_score")]:
         message = _curate_refusal(tmp_path, override)
         assert key in message and repr(code) in message and "es, pt, en" in message, message
 

@@ -124,7 +124,7 @@ def test_raw_model_keeps_targets_and_rival_rule_catches_galician():
 
 
 def test_langid_columns_reasons_and_config():
-    stage = LanguageId(LangIdConfig(languages=["en", "es"], min_score_per_language={"es": 0.99}))
+    stage = LanguageId(LangIdConfig(languages=["en", "es"], min_score={"default": 0.65, "es": 0.99}))
     texts = ["The committee met on Tuesday to discuss the new budget for the public library and its staff.",
              "El comité se reunió el martes para hablar del nuevo presupuesto de la biblioteca pública.",
              "O comitê se reuniu na terça-feira para discutir o novo orçamento da biblioteca pública.",

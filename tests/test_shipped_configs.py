@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*/*.yaml"))
 # configs run end to end by another test (their fixture is that test's subject): named, and checked
 ELSEWHERE = {"configs/ablate/demo.yaml": "tests/test_ablate.py", "configs/ablate/real.yaml": "tests/test_ablate.py",
-             "configs/quality/shared-text.yaml": "tests/test_quality.py"}
+             "configs/quality/shared-text.yaml": "tests/test_quality.py", "configs/curate/ca.yaml": "tests/test_languages.py"}
 
 
 def _needs_shared(path: str) -> None:
