@@ -63,13 +63,17 @@ from quipu.tasks.reading.formats import FOLDER_SUFFIXES, SUPPORTED, format_of
 from quipu.tasks.reading.records import Quarantined, RawRecord, ReadLimits, ReadStats
 
 
+_FOLDER_NOTE = (f" (a folder with no {', '.join(FOLDER_SUFFIXES)} file in it; other inputs are read when named or "
+                "matched by a glob, e.g. {}/*.txt)")
+
+
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs (local or fsspec) to a sorted, de-duplicated list of files.
 
-    A folder takes in the files of the formats read in folders (`FOLDER_SUFFIXES`: not .txt/.md,
-    which a data folder holds as its documentation). Local entries that are not regular files (FIFOs, dangling links) are listed too: the reader
-    quarantines them with a reason instead of their vanishing from the counts. Raises
-    FileNotFoundError naming the first pattern that matches nothing.
+    A folder takes in the files of the formats read in folders (`FOLDER_SUFFIXES`: not .txt, which
+    a data folder holds as its README or LICENSE). Local entries that are not regular files (FIFOs,
+    dangling links) are listed too: the reader quarantines them with a reason instead of their
+    vanishing from the counts. Raises FileNotFoundError naming the first pattern that matches nothing.
     """
     files: list[str] = []
     for pattern in patterns:
@@ -84,15 +88,15 @@ def expand_inputs(patterns: list[str]) -> list[str]:
             matched = [p for p in paths if os.path.lexists(p) and not os.path.isdir(p)]
         else:
             matched = [p for p in paths if fs.isfile(p)]
-        if not matched and not any(ch in pattern for ch in "*?["):
-            if fs.isdir(pattern):
-                if is_local:  # os.walk lists FIFOs and dangling links, and never follows links into loops
-                    matched = sorted(os.path.join(d, f) for d, _, fs_ in os.walk(pattern) for f in fs_
-                                     if f.lower().endswith(FOLDER_SUFFIXES))
-                else:
-                    matched = sorted(p for p in fs.find(pattern) if p.lower().endswith(FOLDER_SUFFIXES))
+        folder = not matched and not any(ch in pattern for ch in "*?[") and fs.isdir(pattern)
+        if folder:
+            if is_local:  # os.walk lists FIFOs and dangling links, and never follows links into loops
+                matched = sorted(os.path.join(d, f) for d, _, fs_ in os.walk(pattern) for f in fs_
+                                 if f.lower().endswith(FOLDER_SUFFIXES))
+            else:
+                matched = sorted(p for p in fs.find(pattern) if p.lower().endswith(FOLDER_SUFFIXES))
         if not matched:
-            raise FileNotFoundError(f"input not found: {pattern}")
+            raise FileNotFoundError(f"input not found: {pattern}" + (_FOLDER_NOTE.format(pattern.rstrip("/")) if folder else ""))
         for p in matched:
             files.append(str(Path(p)) if is_local else fs.unstrip_protocol(p))
     return sorted(dict.fromkeys(files))

@@ -1,5 +1,6 @@
-"""Plain text and Markdown files (.txt, .md): the whole file is one document, its text as written
-(Markdown keeps its markup: headings, lists and code are what a model reads in it).
+"""Plain text files (.txt): the whole file is one document, its text as written (a book, an
+article, a transcript: cutting it at blank lines would make paragraphs documents, which dedup and
+the quality filters then judge out of context).
 
 UTF-8, with or without a byte-order mark; UTF-16 and UTF-32 when a byte-order mark says so. Bytes
 that are not valid in that encoding make the file one quarantined record (the position of the
@@ -10,8 +11,9 @@ bytes and its size. An empty file is quarantined by the reader (`read`), a blank
 extract (`extract:empty`).
 
 A folder given as input does not take these files in (`Format.in_folders`): a data folder's
-README.md or PROVENANCE.md is documentation, not data. Name them, or match them with a glob
-(`--input 'notes/*.md'`)."""
+README.txt, LICENSE.txt or expected-output .txt files are not data. Name them, or match them with a
+glob (`--input 'books/*.txt'`). Markdown (.md) is not read: a .md file among inputs is most often a
+folder's documentation (PROVENANCE.md); add ".md" to SUFFIXES to read it as text, markup and all."""
 from __future__ import annotations
 
 import codecs
@@ -23,7 +25,7 @@ from quipu.tasks.reading.files import FileSlice
 from quipu.tasks.reading.records import (TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
                                          cannot_open, escape_snippet, stable_id)
 
-SUFFIXES = (".txt", ".md", ".markdown")
+SUFFIXES = (".txt",)
 # the longest marks first: UTF-32's little-endian mark begins with UTF-16's
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
@@ -32,8 +34,7 @@ BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codec
 def read_file(path: str, stats: ReadStats, limits: ReadLimits, size: int | None,
               part: FileSlice | None) -> Iterator[RawRecord | Quarantined]:
     """The file as one document."""
-    base = dict(id=stable_id(path, "file"), source=path, offset="file",
-                content_type="text/markdown" if path.lower().endswith((".md", ".markdown")) else "text/plain")
+    base = dict(id=stable_id(path, "file"), source=path, offset="file", content_type="text/plain")
     try:
         with fsspec.open(path, "rb") as fh:
             data = fh.read(limits.max_record_bytes + 1)
