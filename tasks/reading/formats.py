@@ -17,7 +17,7 @@ from quipu.tasks.reading.files import FileSlice
 from quipu.tasks.reading.pdf import PDF_SUFFIXES
 from quipu.tasks.reading.records import Quarantined, RawRecord, ReadLimits, ReadStats
 
-Reader = Callable[[str, ReadStats, ReadLimits, "int | None", "FileSlice | None"], Iterator["RawRecord | Quarantined"]]
+Reader = Callable[[str, ReadStats, ReadLimits, int | None, FileSlice | None], Iterator[RawRecord | Quarantined]]
 
 
 @dataclass(frozen=True)

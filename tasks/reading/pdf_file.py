@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import fsspec
-
 from quipu.tasks.reading.files import FileSlice, local_path
-from quipu.tasks.reading.records import Quarantined, RawRecord, ReadLimits, ReadStats, cannot_open, stable_id
+from quipu.tasks.reading.records import Quarantined, RawRecord, ReadLimits, ReadStats, read_whole, stable_id
 
 
 def read_file(path: str, stats: ReadStats, limits: ReadLimits, size: int | None,
@@ -27,11 +25,9 @@ def read_pdf_file(path: str, limits: ReadLimits = ReadLimits(), size: int | None
     if size is not None and size > limits.max_record_bytes:
         yield RawRecord(**base, reject="too_large", size=size)
         return
-    try:
-        with fsspec.open(path, "rb") as fh:
-            data = fh.read(limits.max_record_bytes + 1)
-    except Exception as e:
-        yield cannot_open(path, e)
+    data = read_whole(path, limits)
+    if isinstance(data, Quarantined):
+        yield data
         return
     if len(data) > limits.max_record_bytes:
         yield RawRecord(**base, reject="too_large", size=size or len(data))

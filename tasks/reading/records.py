@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 SNIPPET_BYTES = 200
 KNOWN_FIELDS = ("id", "text", "url", "date", "content_type")
 TOO_LARGE_PREFIX_BYTES = 10_000   # what a removed too-large record keeps of its bytes
@@ -59,6 +61,16 @@ class Quarantined:
 def cannot_open(path: str, e: BaseException) -> Quarantined:
     """The quarantine row of a file no reader could open (gone, forbidden, a URL that fails)."""
     return Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
+
+
+def read_whole(path: str, limits: ReadLimits) -> bytes | Quarantined:
+    """The bytes of a file that is one record, at most `max_record_bytes` + 1 of them (more than
+    the cap: the record is too large to hold), or the quarantine row of a file that cannot be opened."""
+    try:
+        with fsspec.open(path, "rb") as fh:
+            return fh.read(limits.max_record_bytes + 1)
+    except Exception as e:
+        return cannot_open(path, e)
 
 
 @dataclass

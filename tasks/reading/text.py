@@ -19,11 +19,9 @@ from __future__ import annotations
 import codecs
 from typing import Iterator
 
-import fsspec
-
 from quipu.tasks.reading.files import FileSlice
 from quipu.tasks.reading.records import (TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
-                                         cannot_open, escape_snippet, stable_id)
+                                         escape_snippet, read_whole, stable_id)
 
 SUFFIXES = (".txt",)
 # the longest marks first: UTF-32's little-endian mark begins with UTF-16's
@@ -35,11 +33,9 @@ def read_file(path: str, stats: ReadStats, limits: ReadLimits, size: int | None,
               part: FileSlice | None) -> Iterator[RawRecord | Quarantined]:
     """The file as one document."""
     base = dict(id=stable_id(path, "file"), source=path, offset="file", content_type="text/plain")
-    try:
-        with fsspec.open(path, "rb") as fh:
-            data = fh.read(limits.max_record_bytes + 1)
-    except Exception as e:
-        yield cannot_open(path, e)
+    data = read_whole(path, limits)
+    if isinstance(data, Quarantined):
+        yield data
         return
     encoding = next((name for bom, name in BOMS if data.startswith(bom)), "utf-8")
     if len(data) > limits.max_record_bytes:
