@@ -12,6 +12,10 @@ or crash costs one document (`extract:timeout`), not the run. A PDF (a `.pdf` fi
 own, or a WARC/ARC `application/pdf` response) is read page by page in a child process of its own
 (quipu.tasks.reading.pdf): text layer, OCR of scanned pages, running headers removed; its page counts go
 to the report's `stats.pdf` and its fields (`pdf_pages`, ...) to the document's metadata.
+
+Which reader reads a file, how a large one is sliced and how a long document is read in parts is
+the format table's (quipu.tasks.reading.formats); what makes a record's payload text is the
+extractor table here (`EXTRACTORS`, by the record's kind: text as it is, html, pdf).
 """
 from __future__ import annotations
 
