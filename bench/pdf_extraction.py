@@ -5,7 +5,7 @@ Sides, on the same pages:
 - `pypdfium2`: `PdfTextPage.get_text_range()` per page (what quipu builds on; the anchor);
 - `pypdf`: `PageObject.extract_text()`; `pdfminer.six`: `high_level.extract_text()` (optional: the
   `bench` extra, `pip install -e '.[bench]'`; a side that is missing is reported as such);
-- `quipu`: `tasks.pdf.read_pdf` with `ocr: never` on text-layer PDFs (child process, line boxes,
+- `quipu`: `tasks.reading.pdf.read_pdf` with `ocr: never` on text-layer PDFs (child process, line boxes,
   XY-cut reading order, running headers and page numbers removed, paragraphs, de-hyphenation), and
   with `ocr: auto` on image-only PDFs (Tesseract).
 
