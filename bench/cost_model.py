@@ -48,7 +48,7 @@ PDF_OCR_PAGES_PER_CORE_S = 0.33
 
 def pdf_lines(text_pages_per_s: float, ocr_pages_per_s: float, cores: list[int]) -> list[str]:
     """Extract's PDF pages: each page costs 1 / pages-per-core-second; a PDF is a work unit of its
-    own, and a long one units of `extract.pdf.pages_per_unit` pages (tasks/pdf_ranges.py), so pages
+    own, and a long one units of `extract.pdf.pages_per_unit` pages (tasks/reading/pdf_ranges.py), so pages
     spread over all cores (a projection from bench/pdf_extraction.py's figures)."""
     out = [f"**PDF pages in extract** (projection; measured per core by `bench/pdf_extraction.py`: text layer "
            f"{text_pages_per_s:g} pages/s, OCR at 300 dpi {ocr_pages_per_s:g} pages/s)", "",

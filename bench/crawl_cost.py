@@ -56,12 +56,12 @@ PARAGRAPH = re.compile(rb"(<p\b[^>]*>)(.*?)(</p\s*>)", re.I | re.S)
 
 def shared_pages() -> list[tuple[str, bytes, str]]:
     """(url, html bytes, content type) of every shared HTML response, annotated pages first."""
-    from quipu.tasks.readers import ReadStats, read, reader_kind
+    from quipu.tasks.reading import ReadStats, read, reader_kind
     files = [ANNOTATED] + sorted(f for f in WEB.iterdir() if f.is_file() and reader_kind(str(f)) == "warc")
     pages = []
     for f in files:
         for r in read(str(f), ReadStats()):
-            body = getattr(r, "html", None)
+            body = r.payload if r.kind == "html" else None
             if body:
                 pages.append((r.url, body if isinstance(body, bytes) else body.encode("utf-8"), r.content_type or "text/html"))
     return pages

@@ -15,7 +15,7 @@ Extractors, each called in this process on the decoded page (CPU seconds, `time.
 - `trafilatura-precision` (the anchor): `trafilatura.extract(html, url=url, favor_precision=True)`;
 - `trafilatura`: the stage's `html_extractor: trafilatura` (fallback extractors, no comments);
 - `resiliparse`: `extract_plain_text(main_content=True)`, defaults otherwise;
-- `quipu-fast`: the stage's default path (tasks/html_text.py: resiliparse + guard -> trafilatura);
+- `quipu-fast`: the stage's default path (tasks/reading/html_text.py: resiliparse + guard -> trafilatura);
 - `union`: quipu-fast and trafilatura both run; the one with more prose words is kept.
 Then the extract stage itself (1 worker: the child process extracts, the parent reads the WARC and
 writes parquet) over the annotated WARC, wall-clock, in both modes, against the anchor's wall-clock
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WEB = ROOT.parent / "shared" / "data" / "web"
-from quipu.tasks.html_text import prose_words  # noqa: E402
+from quipu.tasks.reading.html_text import prose_words  # noqa: E402
 
 ANNOTATED = WEB / "constructed" / "article-extraction-benchmark-shared"
 
@@ -54,15 +54,15 @@ def token_f1(pred: str | None, gold: str) -> float:
 
 def html_pages(path: Path) -> list[tuple[str, bytes | str]]:
     from quipu.tasks.extract import html_for_parser
-    from quipu.tasks.readers import ReadStats, read
-    return [(r.url, html_for_parser(r.html, r.content_type)) for r in read(str(path), ReadStats())
-            if getattr(r, "html", None)]
+    from quipu.tasks.reading import ReadStats, read
+    return [(r.url, html_for_parser(r.payload, r.content_type)) for r in read(str(path), ReadStats())
+            if getattr(r, "kind", None) == "html" and r.payload]
 
 
 def page_sets() -> dict[str, tuple[list, dict | None]]:
     gold = {j["url"]: j["articleBody"] for j in map(json.loads, open(f"{ANNOTATED}.ground_truth.jsonl"))}
     sets = {"annotated": (html_pages(Path(f"{ANNOTATED}.warc.gz")), gold)}
-    from quipu.tasks.readers import reader_kind
+    from quipu.tasks.reading import reader_kind
     sets["crawl"] = ([p for f in sorted(WEB.iterdir()) if f.is_file() and reader_kind(str(f)) == "warc" for p in html_pages(f)], None)
     sets.update(demo_sets())
     return sets
@@ -88,7 +88,7 @@ def extractors() -> dict:
     from resiliparse.extract.html2text import extract_plain_text
     from resiliparse.parse.html import HTMLTree
 
-    from quipu.tasks import html_text
+    from quipu.tasks.reading import html_text
     from quipu.tasks.extract import ExtractConfig
     cfg = ExtractConfig()
     opts = dict(include_comments=cfg.include_comments, include_tables=cfg.include_tables,
@@ -208,10 +208,10 @@ def build_warc(path: Path, n: int) -> int:
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
 
-    from quipu.tasks.readers import ReadStats, read, reader_kind
+    from quipu.tasks.reading import ReadStats, read, reader_kind
     files = [Path(f"{ANNOTATED}.warc.gz")] + sorted(f for f in WEB.iterdir() if f.is_file() and reader_kind(str(f)) == "warc")
-    pages = [(r.url, r.html, r.content_type or "text/html") for f in files for r in read(str(f), ReadStats())
-             if getattr(r, "html", None)]
+    pages = [(r.url, r.payload, r.content_type or "text/html") for f in files for r in read(str(f), ReadStats())
+             if getattr(r, "kind", None) == "html" and r.payload]
     with open(path, "wb") as fh:
         w = WARCWriter(fh, gzip=True)
         for i in range(n):

@@ -209,7 +209,7 @@ def other_shapes() -> list[str]:
     shared = SHARED_TEXT.parent
     truth = shared / "web" / "constructed" / "article-extraction-benchmark-shared.ground_truth.jsonl"
     docs = [("web article bodies", json.loads(line)["articleBody"]) for line in open(truth, encoding="utf-8")]
-    from quipu.tasks.pdf import PdfConfig, read_pdf
+    from quipu.tasks.reading.pdf import PdfConfig, read_pdf
     for path in sorted((shared / "pdf").glob("*.pdf")):     # quipu's own extraction, paragraphs as documents
         text = read_pdf(str(path), PdfConfig(ocr="never")).text   # text layers only (OCR is slow here)
         docs += [("PDF paragraphs (quipu's extraction)", p) for p in text.split("\n\n")]

@@ -5,7 +5,7 @@ Sides, on the same pages:
 - `pypdfium2`: `PdfTextPage.get_text_range()` per page (what quipu builds on; the anchor);
 - `pypdf`: `PageObject.extract_text()`; `pdfminer.six`: `high_level.extract_text()` (optional: the
   `bench` extra, `pip install -e '.[bench]'`; a side that is missing is reported as such);
-- `quipu`: `tasks.pdf.read_pdf` with `ocr: never` on text-layer PDFs (child process, line boxes,
+- `quipu`: `tasks.reading.pdf.read_pdf` with `ocr: never` on text-layer PDFs (child process, line boxes,
   XY-cut reading order, running headers and page numbers removed, paragraphs, de-hyphenation), and
   with `ocr: auto` on image-only PDFs (Tesseract).
 
@@ -76,7 +76,7 @@ def side_pdfminer(data: bytes | str, max_pages: int) -> tuple[str, int]:
 
 
 def side_quipu(data: bytes | str, max_pages: int, ocr: str = "never") -> tuple[str, int]:
-    from quipu.tasks.pdf import PdfConfig, read_pdf
+    from quipu.tasks.reading.pdf import PdfConfig, read_pdf
     got = read_pdf(data, PdfConfig(ocr=ocr, max_pages=max_pages))
     return got.text, min(got.metadata.get("pdf_pages", 0), max_pages)
 
@@ -120,7 +120,7 @@ def shared_corpus() -> list:
 
 def evaluate(docs: list, sides: list[str], max_pages: int = 10_000, ocr: str = "never") -> dict:
     from quipu.demo.pdfs import token_f1
-    from quipu.tasks.pdf_layout import is_page_number
+    from quipu.tasks.reading.pdf_layout import is_page_number
     res = {}
     for side in sides:
         f1s, pages, seconds, headers_left, numbers_left = [], 0, 0.0, 0, 0
@@ -152,7 +152,7 @@ def cpu_seconds() -> float:
     exited), so that a side's cost is counted whichever process does the work: pages per CPU-second
     is the per-core figure, and it holds on a loaded machine where wall time does not."""
     import psutil
-    from quipu.tasks import pdf
+    from quipu.tasks.reading import pdf
     t = os.times()
     total = t.user + t.system + t.children_user + t.children_system
     worker = getattr(pdf._local, "pdf_worker", None)

@@ -42,7 +42,7 @@ def timed_extract(path: str, run_dir: str, pdf_cfg, workers: int) -> tuple[float
     """(seconds of extract, seconds of its map over units, the document's text)."""
     import pyarrow.parquet as pq
 
-    from quipu.tasks.extract import ExtractConfig, extract_unit, run_extract
+    from quipu.tasks.extract import ExtractConfig, extract_work, run_extract
     from quipu.tasks.stage import RunContext
     cfg = ExtractConfig(pdf=pdf_cfg)
     mapped = [0.0]
@@ -50,7 +50,7 @@ def timed_extract(path: str, run_dir: str, pdf_cfg, workers: int) -> tuple[float
     def map_units(units, run, cfg, on_result):
         t0 = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
-            out = list(pool.map(lambda u: extract_unit(u, run.run_dir, cfg, run.removed_schema), units))
+            out = list(pool.map(lambda u: extract_work(u, run.run_dir, cfg, run.removed_schema), units))
         mapped[0] = time.perf_counter() - t0
         return out
 
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--scan", action="store_true", help="image-only pages, read by OCR")
     ap.add_argument("--append", help="append the table to this Markdown file")
     args = ap.parse_args()
-    from quipu.tasks.pdf import PdfConfig, page_count
+    from quipu.tasks.reading.pdf import PdfConfig, page_count
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "long.pdf")
         Path(path).write_bytes(long_pdf(args.pages, args.scan))

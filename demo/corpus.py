@@ -666,7 +666,7 @@ def write_pdfs(out: Path, seed: int) -> list[tuple[Path, dict]]:
     """The demo's PDFs (deterministic bytes: reportlab's invariant mode) and their labels; a PDF's
     id is the one extract gives a file read whole (`stable_id(name, "file")`)."""
     from quipu.demo.pdfs import make_pdf, prose
-    from quipu.tasks.records import stable_id
+    from quipu.tasks.reading.records import stable_id
     written = []
     for k, (name, kind, lang, columns, n) in enumerate(DEMO_PDFS):
         paras = prose(lang, n, seed=seed + k)

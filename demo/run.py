@@ -238,7 +238,7 @@ def _changed(config) -> bool:
     from quipu.catalog.ownership import IDENTITY_NAME, identity
     from quipu.catalog.files import read_json
     from quipu.flows.curate import NOT_IDENTITY
-    from quipu.tasks.readers import expand_inputs
+    from quipu.tasks.reading import expand_inputs
     ident_path = Path(config.output).resolve() / IDENTITY_NAME
     if not ident_path.exists():
         return Path(config.output).exists()

@@ -211,7 +211,7 @@ def _filters_overlap(a: dict, b: dict) -> bool:
 
 
 def resolve_inputs(config: AblateConfig) -> list[str]:
-    from quipu.tasks.readers import expand_inputs
+    from quipu.tasks.reading import expand_inputs
     files: list[str] = []
     if config.raw_mix is not None:
         built, _ = ensure_mix(config.raw_mix)

@@ -32,13 +32,12 @@ from quipu.flows.run_names import curate_name
 from quipu.flows.runners import checkout_warning, failed_run, flow_run_id, make_task_runner, runner_matches
 from quipu.tasks import driver
 from quipu.tasks.driver import StageRef, write_report
-from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_unit, input_path, pack_inputs, run_extract
-from quipu.tasks.pdf_ranges import PdfPagesPart
+from quipu.tasks.extract import ExtractConfig, ExtractResult, Input, extract_work, input_path, pack_inputs, run_extract
 from quipu.tasks.output import OutputConfig, curated_marker, write_curated
 from quipu.tasks.pipeline import STAGES
-from quipu.tasks import readers
-from quipu.tasks.readers import expand_inputs
-from quipu.tasks.stage import QUIPU_VERSION, RunContext, Shard, ShardResult
+from quipu.tasks import reading
+from quipu.tasks.reading import expand_inputs
+from quipu.tasks.stage import QUIPU_VERSION, PhaseResult, RunContext, Shard, ShardResult
 
 
 def preflight(config: CurateSettings) -> None:
@@ -59,9 +58,10 @@ def _unit_run_name() -> str:
 
 
 @task(name="extract", task_run_name=_unit_run_name, retries=1, retry_delay_seconds=1)
-def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult | PdfPagesPart:
-    """A work unit, or one page range of a long PDF (its pages, joined into the document by run_extract)."""
-    return extract_unit(items, run.run_dir, cfg, run.removed_schema)
+def extract_task(items: list[Input], run: RunContext, cfg: ExtractConfig) -> ExtractResult | PhaseResult:
+    """A work unit, or one part of a long document (a long PDF's page range: combined into the
+    document by run_extract)."""
+    return extract_work(items, run.run_dir, cfg, run.removed_schema)
 
 
 @task(name="stage-scan", task_run_name="{ref.name}-scan-{shard.name}", retries=1, retry_delay_seconds=1)
@@ -249,7 +249,7 @@ def disk_footprint(context: RunContext, summary: dict) -> dict:
                 else "intermediate" if len(rel) > 1 and rel[1] == "kept"
                 else "reports" if f.suffix == ".json" else "other")
         kinds[kind] += f.stat().st_size
-    inputs = sum(readers.file_size(p) or 0 for p in summary["inputs"])
+    inputs = sum(reading.file_size(p) or 0 for p in summary["inputs"])
     total = sum(kinds.values())
     return {"bytes": kinds, "total_bytes": total, "input_bytes": inputs,
             "ratio_to_input": round(total / inputs, 3) if inputs else None}
@@ -316,7 +316,7 @@ def _curate(config: CurateSettings, run_dir: Path, files: list[str], run_id: str
     progress.artifact.done()
     summary = {
         "run_id": run_id, "output": rd, "dataset": config.dataset or name_from(run_dir.name),
-        "inputs": [readers.source_name(f) for f in files],
+        "inputs": [reading.source_name(f) for f in files],
         "records_read": reports["extract"]["records_read"], "quarantined": reports["extract"]["quarantined"],
         "quarantine_by_reason": reports["extract"]["quarantine_by_reason"],
         "stages": [{"name": name, "input_docs": r["input_docs"], "kept_docs": r["kept_docs"],

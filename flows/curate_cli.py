@@ -13,7 +13,7 @@ from quipu.flows.config import add_config_args
 def cmd_curate(args) -> int:
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
-    from quipu.tasks.readers import expand_inputs
+    from quipu.tasks.reading import expand_inputs
 
     overrides = list(args.overrides)
     config = load_config(CurateConfig, args.config, overrides)
@@ -46,7 +46,7 @@ def cmd_curate(args) -> int:
 def checked_inputs(patterns: list[str]) -> list[str]:
     """The input files, or a one-line error: a pattern that matches nothing, or only files no
     reader takes (those would each be quarantined and the run would curate nothing)."""
-    from quipu.tasks.readers import SUPPORTED, expand_inputs, reader_kind
+    from quipu.tasks.reading import SUPPORTED, expand_inputs, reader_kind
     try:
         files = expand_inputs(patterns)
     except FileNotFoundError as e:

@@ -34,7 +34,7 @@ from quipu.catalog import registry
 from quipu.flows.run_names import watch_name
 from quipu.flows.runners import checkout_warning
 from quipu.catalog.files import sha256_file, sha256_json
-from quipu.tasks.readers import SUPPORTED
+from quipu.tasks.reading import FOLDER_SUFFIXES
 
 EVENT = "quipu.data.arrived"
 RESOURCE_PREFIX = "quipu.watch."
@@ -45,7 +45,7 @@ class WatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field("raw", pattern=r"^[a-z0-9-]+$", description="names this watcher in the event's resource id (quipu.watch.<name>)")
     locations: list[str] = Field(default_factory=lambda: ["data/raw"], description="directories or fsspec URLs to watch (searched recursively)")
-    suffixes: list[str] = Field(default_factory=lambda: list(SUPPORTED), description="file name endings that are inputs")
+    suffixes: list[str] = Field(default_factory=lambda: list(FOLDER_SUFFIXES), description="file name endings that are inputs (by default those a folder input takes in)")
     settle_s: float = Field(5.0, ge=0, le=3600, description="seconds between the two looks; a file whose size or mtime changed in between is still being written")
     marker_suffix: str | None = Field(None, description="if set (e.g. '.done'), a file is ready only once FILE+marker exists; replaces the two looks")
     checksum: bool = Field(False, description="also compare sha256 (local files): a touched but unchanged file is not new")

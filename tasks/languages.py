@@ -3,7 +3,7 @@
 Every stage that needs something of a language reads it here: langid's label is the entry's key,
 heuristics takes its datatrove tokeniser, Gopher stop words, abbreviations and cookie/legal lines
 (quipu.tasks.heuristics, quipu.tasks.language_rules), the PDF reader its Tesseract code and OCR
-function words (quipu.tasks.pdf), pii its phone regions (quipu.tasks.pii). Adding a language is one
+function words (quipu.tasks.reading.pdf), pii its phone regions (quipu.tasks.pii). Adding a language is one
 entry here plus `quipu calibrate` for its thresholds (docs/languages.md, "Adding a language").
 
 A language with no entry gets no other language's lists: a curate config that keeps one

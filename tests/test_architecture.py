@@ -147,6 +147,32 @@ def test_a_pipeline_import_below_flows_is_found():
     assert pipeline_importers(graph) == {"quipu.tasks.dedup"}
 
 
+# ---- the reader wing (tasks/reading/): formats in a table, below the stages ---------------------
+
+READING = "quipu.tasks.reading"
+# what the wing may import: itself, the stage contract and driver (a long document's parts are kept
+# phase results), the child process runner, the language table (OCR's languages) and catalog
+READING_MAY_IMPORT = (READING, "quipu.tasks.stage", "quipu.tasks.driver", "quipu.tasks.child_worker",
+                      "quipu.tasks.languages", "quipu.catalog")
+
+
+def test_the_reader_wing_imports_no_stage():
+    graph = import_graph()
+    wing = {m: graph.get(m, set()) for m in modules() if m == READING or m.startswith(READING + ".")}
+    assert len(wing) >= 10, sorted(wing)
+    assert {m: sorted(d for d in deps if not d.startswith(READING_MAY_IMPORT))
+            for m, deps in wing.items() if any(not d.startswith(READING_MAY_IMPORT) for d in deps)} == {}
+
+
+def test_every_format_is_one_module_and_one_row():
+    from quipu.tasks.reading.formats import FORMATS
+    assert [f.read.__module__.rpartition(".")[0] for f in FORMATS] == [READING] * len(FORMATS)
+    assert all(f.read.__name__ == "read_file" for f in FORMATS)
+    assert len({f.kind for f in FORMATS}) == len({f.read.__module__ for f in FORMATS}) == len(FORMATS)
+    suffixes = [s for f in FORMATS for s in f.suffixes]
+    assert len(suffixes) == len(set(suffixes)) and all(s.startswith(".") and s == s.lower() for s in suffixes)
+
+
 # ---- module commands in the docs ---------------------------------------------------------------
 
 MODULE_COMMAND = re.compile(r"\b(?:python[\d.]*|torchrun)\b[^\n`|\"']*?\s-m\s+([A-Za-z_][\w.]*)")

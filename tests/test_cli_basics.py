@@ -100,16 +100,16 @@ def _curate(*args, timeout=600):
 
 
 def test_curate_refuses_bad_outputs_and_inputs_before_any_work(tmp_path):
-    (tmp_path / "a.txt").write_text("not an input\n")
+    (tmp_path / "a.docx").write_text("not an input\n")
     (tmp_path / "b.csv").write_text("x,y\n")
     (tmp_path / "docs.jsonl").write_text('{"id": "1", "text": "hello"}\n')
     (tmp_path / "taken").write_text("a file")
     # a Prefect API nobody answers on: a check that ran after Prefect started would fail differently
     env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", "configs/curate/demo.yaml",
-                        "--input", str(tmp_path / "*.txt"), "--input", str(tmp_path / "*.csv"),
+                        "--input", str(tmp_path / "*.docx"), "--input", str(tmp_path / "*.csv"),
                         "--output", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 2 and "no supported input files: 2 matched (a.txt, b.csv)" in p.stderr, p.stderr
+    assert p.returncode == 2 and "no supported input files: 2 matched (a.docx, b.csv)" in p.stderr, p.stderr
     p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "curate", "configs/curate/demo.yaml",
                         "--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "taken")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)

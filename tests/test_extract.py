@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from quipu.tasks.extract import ExtractConfig, HtmlExtractor, control_char_ratio, decide, extract_file
-from quipu.tasks.readers import RawRecord, ReadStats, read
+from quipu.tasks.reading import RawRecord, ReadStats, read
 
 CONSTRUCTED = "web/constructed/article-extraction-benchmark-shared"
 
@@ -45,7 +45,7 @@ def test_extraction_quality_vs_plain_trafilatura(shared_data, tmp_path):
         ours[row["url"]] = ""                   # a page we removed scores 0
     assert set(ours) == set(gold)
 
-    plain = {r.url: trafilatura.extract(r.html, url=r.url) for r in read(str(warc), ReadStats())}
+    plain = {r.url: trafilatura.extract(r.payload, url=r.url) for r in read(str(warc), ReadStats())}
     ours_f1 = sum(f1(ours[u], g) for u, g in gold.items()) / len(gold)
     plain_f1 = sum(f1(plain[u], g) for u, g in gold.items()) / len(gold)
     print(f"bag-of-words F1: ours {ours_f1:.4f}, plain trafilatura {plain_f1:.4f}, ratio {ours_f1 / plain_f1:.4f}")
@@ -60,7 +60,7 @@ def test_f1_is_not_trivially_high():
 
 
 def _html_record(html: str, url: str = "https://example.org/a") -> RawRecord:
-    return RawRecord(id="x", source="s", offset="0", html=html.encode(), url=url, content_type="text/html")
+    return RawRecord(id="x", source="s", offset="0", payload=html.encode(), kind="html", url=url, content_type="text/html")
 
 
 ARTICLE = ("<html><head><title>t</title></head><body><nav>Home | About | Contact</nav><article><h1>Flood</h1>"
@@ -75,13 +75,13 @@ def test_decide_reasons():
     assert reason is None and "river rose slowly" in text and "Home | About" not in text
     assert decide(_html_record("<html><body><script>var x=1;</script></body></html>"), cfg)[1] == "extract:no_text"
     assert decide(_html_record(ARTICLE), ExtractConfig(max_html_bytes=100))[1] == "extract:html_too_large"
-    rec = RawRecord(id="y", source="s", offset="0", text="", reject="not_html:image/png")
+    rec = RawRecord(id="y", source="s", offset="0", reject="not_html:image/png")
     assert decide(rec, cfg)[1] == "extract:not_html:image/png"
-    junk = RawRecord(id="z", source="s", offset="0", text="ok \x00\x01\x02\x03 text \ufffd\ufffd" * 10)
+    junk = RawRecord(id="z", source="s", offset="0", payload="ok \x00\x01\x02\x03 text \ufffd\ufffd" * 10)
     assert decide(junk, cfg)[1] == "extract:binary_junk"
     assert control_char_ratio("plain text") == 0.0
-    assert decide(RawRecord(id="w", source="s", offset="0", text=" \n\t "), cfg)[1] == "extract:empty"
-    assert decide(RawRecord(id="v", source="s", offset="0", text="x" * 200), ExtractConfig(max_doc_bytes=100))[1] == "extract:too_large"
+    assert decide(RawRecord(id="w", source="s", offset="0", payload=" \n\t "), cfg)[1] == "extract:empty"
+    assert decide(RawRecord(id="v", source="s", offset="0", payload="x" * 200), ExtractConfig(max_doc_bytes=100))[1] == "extract:too_large"
 
 
 def test_timeout_costs_one_document_and_the_worker_recovers():
@@ -117,7 +117,7 @@ def test_shard_size_splits_output(tmp_path, shard_mb):
 
 
 def test_fast_path_guard_sends_pages_that_are_not_prose_to_trafilatura():
-    from quipu.tasks import html_text
+    from quipu.tasks.reading import html_text
     text, path = html_text.main_text(ARTICLE, None, "fast", {}, 0.85)
     assert path == html_text.FAST and "river rose slowly" in text and "Home | About" not in text
     listing = ("<html><body><main>" + "".join(f"<div><a href='/p{i}'>Item number {i}</a> price {i} EUR</div>" for i in range(40))
@@ -135,7 +135,7 @@ def test_fast_path_skips_boilerplate_elements_unless_the_article_sits_in_one():
     """html_text's docstring: `<header>` and elements whose class or id says caption/author/byline
     are skipped; when skipping them leaves no text (the article was inside one), resiliparse's text
     without the skip is used; a page with no text at all goes to trafilatura (GUARD_NO_TEXT)."""
-    from quipu.tasks import html_text
+    from quipu.tasks.reading import html_text
     page = ("<html><body><article><header>SITE HEADER TEXT</header><div class='Byline'>By Jane Roe, staff writer</div>"
             + PROSE + "<div id='photo-caption'>A caption under the photo</div></article></body></html>")
     assert all(w in html_text.resiliparse_text(page, skip=None) for w in ("SITE HEADER", "Jane Roe", "A caption"))

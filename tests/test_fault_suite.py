@@ -207,7 +207,7 @@ def build_bad_pdfs(d: Path, paras: list[str]) -> dict:
     """PDFs (issue 29): locked with a user password, cut at 60%, and PDF-looking junk; each one
     record, removed or kept with what its pages gave."""
     from quipu.demo.pdfs import make_pdf
-    from quipu.tasks.records import stable_id
+    from quipu.tasks.reading.records import stable_id
     from tests.test_pdf import _encrypted
     (d / "locked.pdf").write_bytes(_encrypted("secret", "owner"))
     data = make_pdf(paras[:8], "en", columns=2, seed=1).data
@@ -578,7 +578,7 @@ def test_http_header_charset_decides_how_html_is_read():
 
 
 def test_malformed_warc_record_is_quarantined_not_skipped(tmp_path):
-    from quipu.tasks import readers
+    from quipu.tasks import reading as readers
     path = tmp_path / "odd.warc.gz"
     build_odd_warc(path, random.Random(0), python_doc_paragraphs())
     stats = readers.ReadStats()

@@ -348,7 +348,7 @@ def test_cases_hypothesis_found(case, tmp_path):
 # ---- found by a wider fuzzer (BOM, re-encodings, long lines between records, damaged ARC URLs) ----
 
 def _read(path: Path) -> tuple[list, list]:
-    from quipu.tasks import readers
+    from quipu.tasks import reading as readers
     limits = readers.ReadLimits(**{k: v for k, v in LIMITS.items() if k != "timeout_s"})
     items = list(readers.read(str(path), readers.ReadStats(), limits))
     return ([i for i in items if isinstance(i, readers.RawRecord)], [i for i in items if isinstance(i, readers.Quarantined)])
@@ -385,7 +385,7 @@ def test_a_damaged_arc_url_is_quarantined_not_skipped(tmp_path):
     """A byte before an ARC header line (`xhttps://...`) made the record look like a capture of
     another protocol, skipped without a trace; real other protocols (dns:, chrome-extension:) are
     still counted and skipped."""
-    from quipu.tasks.warc import _other_protocol
+    from quipu.tasks.reading.warc import _other_protocol
     b = BUILT["arc"]
     k = 2
     path = tmp_path / "damaged.arc"
@@ -419,7 +419,7 @@ def test_fuzzed_pdf_is_one_accounted_record(data, tmp_path_factory):
     pages_per_unit 1, the planner asks each mutant's page count and one it can open is read a page
     per unit, then joined: the same account."""
     from quipu.tasks.extract import run_extract
-    from quipu.tasks.pdf import PdfConfig
+    from quipu.tasks.reading.pdf import PdfConfig
     from quipu.tasks.stage import RunContext
     built = BUILT.setdefault("pdf", _pdf_built())
     kind = data.draw(st.sampled_from(["truncate", "flip", "garbage", "delete", "duplicate"]), label="mutation")

@@ -24,7 +24,7 @@ import zstandard
 
 from quipu.tasks.extract import TOO_LARGE_CHARS, ExtractConfig, extract_file
 from quipu.tasks.pipeline import REMOVED_SCHEMA
-from quipu.tasks.readers import ReadLimits, ReadStats, expand_inputs, read
+from quipu.tasks.reading import ReadLimits, ReadStats, expand_inputs, read
 from tests.conftest import ROOT
 
 TEXT = ("The river rose slowly through the night, and by morning the old bridge was under water. "
@@ -257,7 +257,7 @@ def test_zstd_bomb_stops_with_bounded_memory(tmp_path):
             w.write(block)
     assert path.stat().st_size < 2 << 20
     out = run_child(f"""
-from quipu.tasks.readers import read, ReadStats
+from quipu.tasks.reading import read, ReadStats
 items = list(read({str(path)!r}, ReadStats()))
 out = {{'n': len(items), 'reasons': [getattr(i, 'reason', None) for i in items], 'types': [type(i).__name__ for i in items]}}
 """)
@@ -281,7 +281,7 @@ def test_gigantic_warc_header_line_is_bounded_and_reading_resumes(tmp_path):
         fh.write(b"\r\n\r\n\r\n\r\n")
         fh.write(warc_record("https://example.org/2", page(2), 2))
     out = run_child(f"""
-from quipu.tasks.readers import read, ReadStats
+from quipu.tasks.reading import read, ReadStats
 items = list(read({str(path)!r}, ReadStats()))
 out = {{'urls': [getattr(i, 'url', None) for i in items], 'types': [type(i).__name__ for i in items]}}
 """)
@@ -626,7 +626,7 @@ def test_kenlm_model_is_first_loaded_in_a_child(tmp_path):
 def test_an_os_error_while_reading_costs_the_rest_of_that_file_only(tmp_path, monkeypatch):
     """EIO, a file cut or made unreadable while read: the records before it stay, the rest of the
     file is one quarantine row naming the error (the run goes on)."""
-    import quipu.tasks.readers as readers
+    import quipu.tasks.reading.jsonl as readers
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(jline(i) for i in range(3)))
     real = readers.read_jsonl

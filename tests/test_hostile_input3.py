@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quipu.tasks import pdf
-from quipu.tasks.pdf import PdfConfig
+from quipu.tasks.reading import pdf
+from quipu.tasks.reading.pdf import PdfConfig
 from tests.test_hostile_input import small_quality_model  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_a_page_of_thousands_of_tiny_lines_is_dropped_not_laid_out():
 
 CHILD = """
 import sys, time
-from quipu.tasks import pdf
+from quipu.tasks.reading import pdf
 w = pdf._worker(512)
 w.send(("count", b"%PDF-1.4"))
 w.receive(120)
@@ -114,7 +114,7 @@ def test_pdf_child_ignores_ctrl_c_and_dies_with_its_parent_even_on_sigkill():
 
 
 STARTS = """
-from quipu.tasks import pdf
+from quipu.tasks.reading import pdf
 for i in range(2):
     w = pdf._worker(512)
     w.start()
@@ -145,7 +145,7 @@ def test_long_pdf_changed_between_planning_and_joining_is_quarantined(tmp_path):
     """A long PDF read in ranges and replaced before its join is quarantined with the reason; the
     other inputs of the run are extracted and the accounts add up."""
     from quipu.tasks.extract import ExtractConfig, extract_units, run_extract
-    from quipu.tasks.pdf_ranges import plan_unit
+    from quipu.tasks.reading.pdf_ranges import plan_unit
     from quipu.tasks.stage import RunContext
     long_pdf, other = tmp_path / "long.pdf", tmp_path / "other.jsonl"
     long_pdf.write_bytes(many_lines_pdf(6, 30))
@@ -166,7 +166,8 @@ def test_long_pdf_changed_between_planning_and_joining_is_quarantined(tmp_path):
 
 def test_page_ranges_share_one_time_budget(tmp_path, monkeypatch):
     """Each range of a long PDF reads under its share of doc_timeout_s, not the whole of it."""
-    from quipu.tasks import pdf_ranges, readers
+    from quipu.tasks import reading as readers
+    from quipu.tasks.reading import pdf_ranges
     from quipu.tasks.stage import RunContext
     path = tmp_path / "long.pdf"
     path.write_bytes(many_lines_pdf(8, 120))
@@ -455,8 +456,8 @@ def test_dedup_index_on_a_full_disk_is_one_line_naming_the_file(tiny_disk):
 BOMB_READ = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
-from quipu.tasks import readers
-from quipu.tasks.records import ReadStats
+from quipu.tasks import reading as readers
+from quipu.tasks.reading.records import ReadStats
 rows = readers.read(sys.argv[1], ReadStats(), readers.ReadLimits(max_record_bytes=1 << 20))
 got = [(type(r).__name__, getattr(r, "reject", None), len(getattr(r, "text", "") or "")) for r in rows]
 # VmHWM, this process image's own peak: ru_maxrss also carries the (v)forking parent's peak across exec

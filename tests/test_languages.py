@@ -64,7 +64,7 @@ def test_catalan_entry_is_what_every_stage_reads():
     what heuristics (both statistics), pdf and pii use for a `ca` document."""
     from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
     from quipu.tasks.language_rules import C4Rules, count_sentences
-    from quipu.tasks.pdf import ocr_language
+    from quipu.tasks.reading.pdf import ocr_language
     from quipu.tasks.pii import PiiConfig, PiiRedaction
     batch = pa.table({"id": ["a"], "text": [CA], "lang": ["ca"]})
     english = list(LANGUAGES["en"].stop_words)

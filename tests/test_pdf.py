@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from quipu.demo.pdfs import FOOTERS, make_pdf, prose, token_f1
-from quipu.tasks import pdf
+from quipu.tasks.reading import pdf
 from quipu.tasks.extract import ExtractConfig, extract_file
-from quipu.tasks.pdf import PdfConfig, read_pdf, text_layer_problem
-from quipu.tasks.pdf_layout import Line, Page, document_text, is_page_number
-from quipu.tasks.readers import expand_inputs, reader_kind
+from quipu.tasks.reading.pdf import PdfConfig, read_pdf, text_layer_problem
+from quipu.tasks.reading.pdf_layout import Line, Page, document_text, is_page_number
+from quipu.tasks.reading import expand_inputs, reader_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAGRAPHS = {lang: prose(lang, 24, seed=11) for lang in ("es", "pt", "en")}
@@ -370,7 +370,7 @@ def test_long_pdf_read_in_page_ranges_is_the_same_document(tmp_path):
     metadata, page counts and dropped-page rows (a scan under ocr: never, the pages past max_pages);
     every page and file accounted. A PDF pdfium cannot open is planned as one unit."""
     from quipu.tasks.extract import run_extract
-    from quipu.tasks.pdf_ranges import plan_unit
+    from quipu.tasks.reading.pdf_ranges import plan_unit
     from quipu.tasks.stage import RunContext
     text = make_pdf(prose("es", 84, seed=5), "es", seed=1)
     scan = make_pdf(PARAGRAPHS["es"][:2], "es", seed=1, image_only=True, image_dpi=72)
@@ -408,7 +408,7 @@ def test_join_of_ranges_accounts_a_range_that_could_not_open(tmp_path):
     """A range whose reader could not open the file (a timeout on a loaded machine, a file changed
     under it) drops its own pages as pdf:page_error with the reason; none opened: the document is
     unread with the first range's reason, as an unsplit read of it."""
-    from quipu.tasks.pdf_ranges import PdfPagesPart, join_ranges
+    from quipu.tasks.reading.pdf_ranges import PdfPagesPart, join_ranges
     from quipu.tasks.stage import Shard
     line = [60.0, 300.0, 400.0, 412.0, "Una frase con bastantes palabras para ser una línea de texto."]
     bodies = [{"first": 0, "end": 2, "info": {"pages": 3, "producer": None, "title": None, "repaired": False}, "error": None,

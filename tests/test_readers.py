@@ -18,7 +18,7 @@ import pytest
 import zstandard
 
 from quipu.tasks.extract import ExtractConfig, extract_file
-from quipu.tasks.readers import ReadStats, expand_inputs, read
+from quipu.tasks.reading import ReadStats, expand_inputs, read
 
 from tests.conftest import quipu_main
 

@@ -1,4 +1,4 @@
-"""Large input files read in parts (quipu.tasks.readers.plan_slices / FileSlice): a plain JSONL
+"""Large input files read in parts (quipu.tasks.reading.plan_slices / FileSlice): a plain JSONL
 file is cut at line boundaries and a parquet file by row groups, and reading every part gives
 exactly what reading the file whole gives: the same documents with the same ids, positions and
 texts in the same order, the same quarantined records, each part's account adding up."""
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quipu.tasks import readers
+from quipu.tasks import reading as readers
 from quipu.tasks.extract import ExtractConfig, extract_unit, pack_inputs, unit_key
 
 

@@ -4,7 +4,7 @@ A `TextSource` is a glob of JSONL/parquet files (or a directory, e.g. an earlier
 `heuristics/removed`), or a catalog dataset, optionally filtered by field values or removal
 reasons. Classifier training (quipu.trainer.classifier_train), distillation and KenLM (`quipu ppl`,
 `quipu kenlm`), held-out bits per byte (quipu.trainer.bpb) and the ablation's mix all read through
-here, with the curation's own readers (quipu.tasks.readers): the same files give the same
+here, with the curation's own readers (quipu.tasks.reading): the same files give the same
 documents, in file order, whichever model reads them.
 
 A document is a dict: `id`, `text`, `lang` (the source's `lang`, else the record's, else `und`),
@@ -62,7 +62,7 @@ class TextSource(BaseModel):
 
 def source_files(src: TextSource, dataset_kind: str | None = None) -> list[str]:
     """The files of a source, sorted; a source that names nothing raises `SourceError` naming it."""
-    from quipu.tasks.readers import expand_inputs
+    from quipu.tasks.reading import expand_inputs
     if src.dataset is not None:
         ds = registry.get_dataset(src.dataset, kind=dataset_kind)
         if ds is None:
@@ -93,12 +93,12 @@ def iter_documents(files: list[str], counts: dict | None = None, lang: str | Non
     """(document, record metadata) of every readable text record of `files`, in file order. HTML
     pages and PDFs (of WARC/ARC and .pdf files) are extraction's work, not read here: counted as
     `not_extracted`."""
-    from quipu.tasks.readers import RawRecord, ReadStats, read
+    from quipu.tasks.reading import RawRecord, ReadStats, read
     for path in files:
         for rec in read(path, ReadStats()):
             if not isinstance(rec, RawRecord) or rec.text is None or rec.reject:
                 if counts is not None:
-                    payload = isinstance(rec, RawRecord) and (rec.html is not None or rec.pdf is not None)
+                    payload = isinstance(rec, RawRecord) and rec.kind != "text"
                     why = "not_extracted" if payload else "unreadable"
                     counts[why] = counts.get(why, 0) + 1
                 continue
@@ -128,7 +128,7 @@ def read_documents(patterns: list[str], languages: list[str] | None = None, min_
                    counts: dict | None = None) -> list[dict]:
     """Every document of the files the globs match (sorted, each file once) with at least `min_chars`
     characters, of `languages` (None: any); records not read are counted in `counts`."""
-    from quipu.tasks.readers import expand_inputs
+    from quipu.tasks.reading import expand_inputs
     try:
         files = expand_inputs(patterns)
     except FileNotFoundError as e:

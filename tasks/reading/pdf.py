@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.tasks.child_worker import ChildWorker, die_with_parent
 from quipu.tasks.languages import by_tesseract
-from quipu.tasks.pdf_layout import Line, Page, document_text
+from quipu.tasks.reading.pdf_layout import Line, Page, document_text
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class PdfConfig(BaseModel):
     page_timeout_s: float = Field(60.0, gt=0, le=3600, description="one page (text layer or OCR) taking longer is dropped (pdf:page_timeout)")
     doc_timeout_s: float = Field(1800.0, gt=0, le=86400, description="the document's time budget: pages still unread after this long are dropped (pdf:time_budget), layout then gets what is left (at least page_timeout_s); a long PDF read in page ranges shares it among them by page count")
     max_pages: int = Field(2000, gt=0, description="pages after this many are not read (pdf:over_max_pages)")
-    pages_per_unit: int = Field(200, ge=0, description="a local PDF with more pages is read as work units of this many pages each, joined into one document (quipu.tasks.pdf_ranges); 0: never split")
+    pages_per_unit: int = Field(200, ge=0, description="a local PDF with more pages is read as work units of this many pages each, joined into one document (quipu.tasks.reading.pdf_ranges); 0: never split")
     max_memory_mb: int = Field(2048, ge=256, description="address-space limit of the process that parses PDFs (a page exceeding it is pdf:page_error)")
     min_page_chars: int = Field(20, ge=1, description="a text layer with fewer non-space characters counts as none")
     min_letter_ratio: float = Field(0.5, ge=0, le=1, description="a text layer with a smaller share of letters and digits among its non-space characters is garbage")

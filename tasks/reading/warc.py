@@ -1,5 +1,5 @@
 """WARC and ARC files (warcio), record by record, resynchronising after damage: see the module
-docstring of quipu.tasks.readers for what costs what."""
+docstring of quipu.tasks.reading for what costs what."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +9,12 @@ from typing import Iterator
 
 import fsspec
 
-from quipu.tasks.pdf import PDF_MIMES
-from quipu.tasks.records import (CHUNK, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
-                                 blank_from, cannot_open, escape_snippet, find_magic, stable_id)
+from quipu.tasks.reading.files import FileSlice
+from quipu.tasks.reading.pdf import PDF_MIMES
+from quipu.tasks.reading.records import (CHUNK, TOO_LARGE_PREFIX_BYTES, Quarantined, RawRecord, ReadLimits, ReadStats,
+                                         blank_from, cannot_open, escape_snippet, find_magic, stable_id)
+
+SUFFIXES = (".warc", ".warc.gz", ".arc", ".arc.gz", ".warc.wet.gz", ".wet.gz")
 
 
 _UUID = re.compile(r"<?urn:uuid:([0-9a-fA-F-]+)>?")
@@ -120,6 +123,12 @@ def _next_plain_record(fh, after: int) -> int | None:
         tail = data[-4096:]
         pos += len(block)
     return None
+
+
+def read_file(path: str, stats: ReadStats, limits: ReadLimits, size: int | None,
+              part: FileSlice | None) -> Iterator[RawRecord | Quarantined]:
+    """A WARC/ARC file is read whole: finding a record boundary inside it means decompressing up to it."""
+    return read_warc(path, stats, limits)
 
 
 def read_warc(path: str, stats: ReadStats, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord | Quarantined]:
@@ -297,16 +306,16 @@ def _warc_item(it, record, path: str, stats: ReadStats, limits: ReadLimits, rec_
     base = dict(id=rid, source=path, offset=where, url=url, date=date, content_type=ctype,
                 metadata={"warc_type": rtype})
     if len(payload) > limits.max_record_bytes:
-        return RawRecord(**base, text=payload[:TOO_LARGE_PREFIX_BYTES].decode("utf-8", "replace"),
+        return RawRecord(**base, payload=payload[:TOO_LARGE_PREFIX_BYTES].decode("utf-8", "replace"),
                          reject="payload_too_large", size=record.length), tail or _truncated(record)
     mime = _mime(ctype)
     if rtype == "conversion" or mime == "text/plain":
-        return RawRecord(**base, text=payload.decode("utf-8", "replace")), tail
+        return RawRecord(**base, payload=payload.decode("utf-8", "replace")), tail
     if mime in ("text/html", "application/xhtml+xml") or (not mime and payload.lstrip()[:1] == b"<"):
-        return RawRecord(**base, html=payload), tail
+        return RawRecord(**base, payload=payload, kind="html"), tail
     if mime in PDF_MIMES or (mime in ("", "application/octet-stream", "binary/octet-stream") and payload[:1024].lstrip().startswith(b"%PDF-")):
-        return RawRecord(**base, pdf=payload), tail
-    return RawRecord(**base, text="", reject=f"not_html:{mime or 'unknown'}"), tail
+        return RawRecord(**base, payload=payload, kind="pdf"), tail
+    return RawRecord(**base, reject=f"not_html:{mime or 'unknown'}"), tail
 
 
 # A URI scheme (RFC 3986). Responses of another scheme than HTTP are captures of other protocols

@@ -1,5 +1,5 @@
-"""What the readers (quipu.tasks.readers, quipu.tasks.warc) yield, the limits they read under, and
-the byte scans they resynchronise with after damage."""
+"""What the readers (the format modules of quipu.tasks.reading) yield, the limits they read under,
+and the byte scans they resynchronise with after damage."""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import fsspec
 
 SNIPPET_BYTES = 200
 KNOWN_FIELDS = ("id", "text", "url", "date", "content_type")
@@ -26,18 +28,25 @@ class ReadLimits:
 
 @dataclass
 class RawRecord:
+    """One document as read: its payload and what kind of content the payload is. "text" is a
+    document already (a str); any other kind is bytes (or a local file's path) that stage extract
+    turns into text with that kind's extractor (quipu.tasks.extract.EXTRACTORS: "html", "pdf")."""
     id: str
     source: str
     offset: str                       # where in the file (line number, byte offset)
-    text: str | None = None           # plain-text documents
-    html: bytes | None = None         # HTML payloads still to extract
-    pdf: bytes | str | None = None    # a PDF still to read: its bytes (from a WARC), or a local file's path
+    payload: str | bytes = ""
+    kind: str = "text"
     url: str | None = None
     date: str | None = None
     content_type: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     reject: str | None = None         # a document we read but know we will not keep (e.g. not_html)
-    size: int | None = None           # bytes of a record too large to hold (`text` is only its start)
+    size: int | None = None           # bytes of a record too large to hold (`payload` is only its start)
+
+    @property
+    def text(self) -> str | None:
+        """The document's text, when it is one already (kind "text")."""
+        return self.payload if self.kind == "text" else None
 
 
 @dataclass
@@ -54,12 +63,31 @@ def cannot_open(path: str, e: BaseException) -> Quarantined:
     return Quarantined(path, "file", f"cannot open file: {type(e).__name__}: {str(e)[:200]}")
 
 
+def read_whole(path: str, limits: ReadLimits) -> bytes | Quarantined:
+    """The bytes of a file that is one record, at most `max_record_bytes` + 1 of them (more than
+    the cap: the record is too large to hold), or the quarantine row of a file that cannot be opened."""
+    try:
+        with fsspec.open(path, "rb") as fh:
+            return fh.read(limits.max_record_bytes + 1)
+    except Exception as e:
+        return cannot_open(path, e)
+
+
 @dataclass
 class ReadStats:
     skipped: dict[str, int] = field(default_factory=dict)   # non-document records by WARC type
 
     def skip(self, kind: str) -> None:
         self.skipped[kind] = self.skipped.get(kind, 0) + 1
+
+
+def metadata_of(obj: dict) -> dict:
+    """A record's fields other than the known ones: its metadata."""
+    return {k: v for k, v in obj.items() if k not in KNOWN_FIELDS}
+
+
+def str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
 
 
 def stable_id(source: str, offset: str) -> str:

@@ -1,5 +1,5 @@
 """From positioned lines of PDF pages to running text: reading order, running headers and footers,
-paragraphs, hyphenation. Pure Python over what `quipu.tasks.pdf` reads (a text layer's lines or
+paragraphs, hyphenation. Pure Python over what `quipu.tasks.reading.pdf` reads (a text layer's lines or
 OCR's lines, in PDF points from the page's top-left corner), so it is the same for born-digital
 and scanned pages.
 

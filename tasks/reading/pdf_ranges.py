@@ -1,11 +1,16 @@
-"""A very long PDF read as several work units of `extract.pdf.pages_per_unit` pages, joined into one
-document.
+"""The pdf format's partitions: a very long PDF read as several work units of
+`extract.pdf.pages_per_unit` pages, combined into one document, as a global stage's plan is
+partitioned and combined under the stage contract (quipu.tasks.stage: `plan_partitions`,
+`plan_partition` with a kept `PhaseResult`, `combine`). The format table (quipu.tasks.reading.formats)
+names the three functions: `plan_unit` (partition), `read_range` (a partition's result, kept as a
+done-marker by `driver.kept_phase`), `join_ranges` (combine: what the pdf extractor reads instead of
+the file).
 
 Planning (`plan_unit`): a local PDF of at least `pages_per_unit` x `MIN_BYTES_PER_PAGE` bytes has
 its page count asked of the PDF child process (`pdf.page_count`: under the reader's memory limit
 and a time limit, so a hostile file costs the planner at most `page_timeout_s` and is then read
 whole); with more pages than `pages_per_unit` (up to `max_pages`) it becomes units of one page range
-each (`readers.FileSlice`, kind "pdf": pages [start, end) of `before`). Smaller files are never
+each (`FileSlice`, kind "pdf": pages [start, end) of `before`). Smaller files are never
 opened to plan: a PDF of fewer bytes than that is text-layer pages, which read at hundreds of
 pages/s; the pages that make a PDF long to read (scans for OCR) carry images, so bytes. A PDF that
 pdfium cannot open as it is (encrypted, truncated), a remote one, or one under the limit is one
@@ -37,13 +42,12 @@ import json
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from quipu.catalog.files import sha256_file, write_bytes_atomic, write_json_atomic
-from quipu.tasks import pdf, readers
-from quipu.tasks.driver import load_done
-from quipu.tasks.pdf import PdfConfig, PdfRead
-from quipu.tasks.stage import Shard, StageLayout
+from quipu.catalog.files import sha256_file, write_bytes_atomic
+from quipu.tasks.driver import kept_phase
+from quipu.tasks.reading import pdf
+from quipu.tasks.reading.files import FileSlice, file_problem, file_size, local_path, source_name
+from quipu.tasks.reading.pdf import PDF_SUFFIXES, PdfConfig, PdfRead
+from quipu.tasks.stage import PhaseResult, Shard, StageLayout
 
 class FileChanged(Exception):
     """A PDF whose page ranges were read from different versions of the file."""
@@ -59,63 +63,57 @@ def plan_unit(unit: list, cfg: PdfConfig) -> list[list]:
     if cfg.pages_per_unit == 0 or len(unit) != 1 or not isinstance(unit[0], str):
         return [unit]
     path = unit[0]
-    local = readers.local_path(path)
-    if local is None or readers.reader_kind(path) != "pdf" or readers.file_problem(path):
+    local = local_path(path)
+    if local is None or not path.lower().endswith(PDF_SUFFIXES) or file_problem(path):
         return [unit]
-    size = readers.file_size(path)
+    size = file_size(path)
     if size is None or size < cfg.pages_per_unit * MIN_BYTES_PER_PAGE:
         return [unit]
     pages = pdf.page_count(local, cfg)
     if pages is None or min(pages, cfg.max_pages) <= cfg.pages_per_unit:
         return [unit]
     stop = min(pages, cfg.max_pages)
-    return [[readers.FileSlice(path, "pdf", a, min(a + cfg.pages_per_unit, stop), pages, 0, size)]
+    return [[FileSlice(path, "pdf", a, min(a + cfg.pages_per_unit, stop), pages, 0, size)]
             for a in range(0, stop, cfg.pages_per_unit)]
 
 
 def is_range(items: list) -> bool:
-    return len(items) == 1 and isinstance(items[0], readers.FileSlice) and items[0].kind == "pdf"
+    return len(items) == 1 and isinstance(items[0], FileSlice) and items[0].kind == "pdf"
 
 
-class PdfPagesPart(BaseModel):
-    """A range unit's outcome: its pages' raw results (`pages`), not yet a document; also its
-    done-marker (`extract/_shards/<unit key>.json`)."""
-    stage: str = "extract"
-    shard: str                  # the unit key
-    fingerprint: str
+class PdfPagesPart(PhaseResult):
+    """A range's outcome, the partition's result: its pages' raw results (`pages`), not yet a
+    document (the PDF's unit makes it: `join_ranges`); kept as its done-marker
+    (`extract/_shards/<unit key>.json`)."""
+    shard: str                  # the range unit's key
     source: str
     first_page: int             # from 1
     last_page: int
     input_sha256: str = ""      # the whole file's when the range was read ("": not known)
     pages: Shard                # the JSON file of the pages' results (rows: pages in it)
-    input_docs: int = 0         # a range makes no document: its PDF's unit does (`join_ranges`)
-    seconds: float = 0.0
-    skipped: bool = False
 
     def outputs(self) -> list[Shard]:
         return [self.pages]
 
 
-def read_range(part: readers.FileSlice, layout: StageLayout, key: str, fp: str, cfg: PdfConfig) -> PdfPagesPart:
+def read_range(part: FileSlice, layout: StageLayout, key: str, fp: str, cfg: PdfConfig) -> PdfPagesPart:
     """Read one range unit's pages into `extract/_pdf_pages/<key>.json` (reused when done)."""
-    marker = layout.markers / f"{key}.json"
-    done = load_done(marker, fp, PdfPagesPart)
-    if done is not None:
-        return done
+    return kept_phase(layout.markers / f"{key}.json", fp, PdfPagesPart, lambda: _read_range(part, layout, key, cfg))
+
+
+def _read_range(part: FileSlice, layout: StageLayout, key: str, cfg: PdfConfig) -> PdfPagesPart:
     t0 = time.perf_counter()
-    local = readers.local_path(part.path)
+    local = local_path(part.path)
     share = (part.end - part.start) / max(1, min(part.before, cfg.max_pages))   # of the document's budget
     info, results, error = pdf.read_pages(local, cfg, part.start, part.end, budget_s=cfg.doc_timeout_s * share)
     path = layout.scratch(PARTS_DIR) / f"{key}.json"    # a work folder: deleted when the run completes
     body = {"first": part.start, "end": part.end, "info": info, "error": error,
             "results": [[i, results[i]] for i in sorted(results)]}
     write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode())
-    result = PdfPagesPart(shard=key, fingerprint=fp, source=readers.source_name(part.path), first_page=part.start + 1,
-                          last_page=part.end, seconds=time.perf_counter() - t0, input_sha256=_file_sha(local),
-                          pages=Shard(name=key, path=str(path), sha256=sha256_file(path), rows=len(results),
-                                      bytes=path.stat().st_size))
-    write_json_atomic(marker, result.model_dump(mode="json", exclude={"skipped"}))
-    return result
+    return PdfPagesPart(shard=key, source=source_name(part.path), first_page=part.start + 1,
+                        last_page=part.end, seconds=time.perf_counter() - t0, input_sha256=_file_sha(local),
+                        pages=Shard(name=key, path=str(path), sha256=sha256_file(path), rows=len(results),
+                                    bytes=path.stat().st_size))
 
 
 def _file_sha(path: str) -> str:
