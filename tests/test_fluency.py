@@ -7,7 +7,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from quipu.demo.fluent_junk import NgramGenerator, fluent_junk, sentences, spin
+from quipu.synthetic.fluent_junk import NgramGenerator, fluent_junk, sentences, spin
 from quipu.tasks.fluency import FluencyConfig, FluencyFilter, FluencyModel
 from tests.textgen import python_doc_paragraphs
 
@@ -18,7 +18,7 @@ def english_prose(n: int = 120) -> list[str]:
 
 
 def spanish_prose() -> list[str]:
-    from quipu.demo.sources import catalogue_articles
+    from quipu.synthetic.sources import catalogue_articles
     return [a.plain() for a in catalogue_articles("es") if len(a.plain().split()) >= 50]
 
 
