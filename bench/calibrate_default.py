@@ -4,7 +4,7 @@
 
 1. Starts from BASE (the stages of a crawl curation that need no model the user trains: quality
    and perplexity off) and calibrates es, pt and en in turn (`quipu calibrate ... --keep 0.97`)
-   on the CALIBRATE sources of ../shared/data/text, with seeded junk (demo/junk.py, seed 0) for
+   on the CALIBRATE sources of ../shared/data/text, with seeded junk (synthetic/junk.py, seed 0) for
    the report; with --write the result replaces configs/curate/default.yaml.
 2. Left-out table: the config's langid + heuristics decisions on the prose (>= 3 sentences,
    >= 50 words) of the CHECK sources, which no calibration saw, and on other junk (seed 1).
@@ -92,7 +92,7 @@ def write_jsonl(path: Path, docs: list[dict]) -> str:
 
 def calibrate_languages(base_path: Path, out_path: Path, sources: dict[str, list[str]], work: Path,
                         max_docs: int, junk_seed: int = 0) -> dict:
-    from quipu.demo.junk import junk_documents
+    from quipu.synthetic.junk import junk_documents
     from quipu.flows.calibrate import run_calibration
     current, reports = base_path, {}
     for lang, files in sources.items():
@@ -140,7 +140,7 @@ def main() -> int:
                            "# Regenerate with `.venv/bin/python bench/calibrate_default.py --write` (reference: whole sources\n"
                            "# of ../shared/data/text, listed below; the other sources are left out to check it: docs/languages.md).\n"
                            + out.read_text())
-    from quipu.demo.junk import junk_documents
+    from quipu.synthetic.junk import junk_documents
     rows = ["| language | calibrated on | left-out source | prose docs | prose removed | top rules |",
             "|---|---|---|---|---|---|"]
     for lang, files in CHECK.items():
@@ -151,7 +151,7 @@ def main() -> int:
                         f"{name.removesuffix('.jsonl')} | {len(texts)} | {100 * removed:.1f} % | {_fmt_top(top)} |")
         junk = [d["text"] for d in junk_documents(lang, 400, seed=1)]
         removed, top = judge(out, lang, junk)
-        rows.append(f"| {lang} | (same) | junk, demo/junk.py seed 1 (8 kinds) | {len(junk)} | {100 * removed:.1f} % | {_fmt_top(top)} |")
+        rows.append(f"| {lang} | (same) | junk, synthetic/junk.py seed 1 (8 kinds) | {len(junk)} | {100 * removed:.1f} % | {_fmt_top(top)} |")
     loo = ["| source | its language calibrated on | prose docs | prose removed (calibrated without it) | English defaults (datatrove) |",
            "|---|---|---|---|---|"]
     for lang, names in NEWS_AND_LITERATURE.items():

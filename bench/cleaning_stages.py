@@ -207,7 +207,7 @@ def planted_item(kind: str, lang: str, rng: random.Random) -> str:
             return f"{rng.randrange(23, 200)}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
         return "2a00:" + ":".join(f"{rng.randrange(1, 65535):x}" for _ in range(3)) + "::" + f"{rng.randrange(1, 65535):x}"
     if kind == "id":
-        from quipu.demo.corpus import cpf
+        from quipu.synthetic.corpus import cpf
         if lang == "pt":
             return cpf(rng)
         n = rng.randrange(10_000_000, 99_999_999)

@@ -9,7 +9,7 @@ Page sets (all HTML responses, read with quipu's WARC reader):
 - `crawl`: every text/html response of the real WARC/ARC test files in ../shared/data/web (185
   pages of other crawls, no annotation): kept tokens, agreement with trafilatura.
 - `demo-<lang>`: the demo's pages (real en/es/pt text wrapped in cookie banner, nav, sidebar and
-  footer: demo/corpus.py) with the article text as truth: F1, and how many pages leak boilerplate.
+  footer: synthetic/corpus.py) with the article text as truth: F1, and how many pages leak boilerplate.
 
 Extractors, each called in this process on the decoded page (CPU seconds, `time.process_time`):
 - `trafilatura-precision` (the anchor): `trafilatura.extract(html, url=url, favor_precision=True)`;
@@ -48,7 +48,7 @@ ANNOTATED = WEB / "constructed" / "article-extraction-benchmark-shared"
 
 
 def token_f1(pred: str | None, gold: str) -> float:
-    from quipu.demo.pdfs import token_f1 as f1     # bag of words, as tests/test_extract.py
+    from quipu.synthetic.pdfs import token_f1 as f1     # bag of words, as tests/test_extract.py
     return f1(pred or "", gold)
 
 
@@ -71,7 +71,7 @@ def page_sets() -> dict[str, tuple[list, dict | None]]:
 def demo_sets() -> dict[str, tuple[list, dict]]:
     import random
 
-    from quipu.demo.corpus import SEED, DocumentPlan, PageRenderer
+    from quipu.synthetic.corpus import SEED, DocumentPlan, PageRenderer
     docs = [d for d in DocumentPlan(1.0, SEED).build() if d.channel == "warc" and d.kind == "article"]
     renderer = PageRenderer(random.Random(SEED))
     out: dict[str, tuple[list, dict]] = {}
@@ -127,7 +127,7 @@ def run_extractors(sets: dict, rounds: int) -> dict:
 
 def leaks(text: str | None) -> bool:
     """Boilerplate of the demo's pages (cookie banner, nav, footer) in the text."""
-    from quipu.demo.corpus import BOILERPLATE
+    from quipu.synthetic.corpus import BOILERPLATE
     t = text or ""
     return any(bp["cookie"] in t or bp["legal"][1] in t for bp in BOILERPLATE.values())
 

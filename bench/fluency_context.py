@@ -72,7 +72,7 @@ def cheap_scores(text: str, common: frozenset[str]) -> list[float]:
 
 def samples(lang: str, held: str, texts: list[str], per_kind: int) -> dict[str, list[str]]:
     """The held-out source's prose (first half) and text generated from its other half by both generators."""
-    from quipu.demo.fluent_junk import BackoffSentenceGenerator, fluent_junk
+    from quipu.synthetic.fluent_junk import BackoffSentenceGenerator, fluent_junk
     prose = [t for t in texts if is_prose(t)]
     keep, rest = prose[: len(prose) // 2], prose[len(prose) // 2:]
     demo = [d["text"] for d in fluent_junk(lang, rest, 3 * per_kind, seed=3) if d["kind"] == "generated"]

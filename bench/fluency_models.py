@@ -8,7 +8,7 @@ Reference prose per language: whole sources of ../shared/data/text (PROVENANCE.m
 Portuguese the translated messages of Django's catalogues (installed with quipu). Cut-offs: each
 source's prose is scored by a model fitted WITHOUT that source; a language's cut-off is the
 `--percentile` of those held-out scores (so a source unlike every other one sets it), and the shipped
-model is then fitted on all the language's sources. Junk for the check: demo/fluent_junk.py (spun,
+model is then fitted on all the language's sources. Junk for the check: synthetic/fluent_junk.py (spun,
 n-gram generated of orders 2-4, SEO doorway pages) made from the held-out source's other documents.
 Deterministic: the same sources give the same bytes.
 """
@@ -51,7 +51,7 @@ def is_prose(text: str) -> bool:
 
 def source_texts(name: str, lang: str) -> list[str]:
     if name.startswith("django:"):
-        from quipu.demo.sources import catalogue_articles
+        from quipu.synthetic.sources import catalogue_articles
         return [a.plain() for a in catalogue_articles(lang)]
     out = []
     with open(SHARED_TEXT / name, encoding="utf-8") as fh:
@@ -67,7 +67,7 @@ def scores(model, texts):
 
 
 def main() -> int:
-    from quipu.demo.fluent_junk import fluent_junk
+    from quipu.synthetic.fluent_junk import fluent_junk
     from quipu.tasks.fluency import MODEL_DIR, FluencyModel
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true")
@@ -123,8 +123,8 @@ def main() -> int:
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     body = "\n".join([SECTION, "", f"`.venv/bin/python bench/fluency_models.py{' --write' if args.write else ''}` "
                       f"({time.time() - t0:.0f} s; `uptime`: {load}; the machine is shared). Each source's prose (>= 3 "
-                      "sentences, >= 50 words; half of it) and fluent junk made from its other half (demo/fluent_junk.py: "
-                      "spun, n-gram generated of orders 2-4, SEO doorway) plus the older junk kinds (demo/junk.py, seed 11) "
+                      "sentences, >= 50 words; half of it) and fluent junk made from its other half (synthetic/fluent_junk.py: "
+                      "spun, n-gram generated of orders 2-4, SEO doorway) plus the older junk kinds (synthetic/junk.py, seed 11) "
                       "through the shipped config's langid, heuristics and fluency stages, the fluency model fitted on the "
                       "language's other sources only:", "", *table, ""])
     print(body)
@@ -138,7 +138,7 @@ def end_to_end(lang: str, model, prose: list[str], fluent: list[dict]) -> str:
     """Prose kept and junk removed by the shipped config's langid + heuristics + fluency (with `model`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from quipu.demo.junk import junk_documents
+    from quipu.synthetic.junk import junk_documents
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
     from quipu.tasks.fluency import FluencyFilter

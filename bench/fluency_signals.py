@@ -1,7 +1,7 @@
 """Candidate signals for n-gram-generated text beside the shipped fluency judges, each measured
 leave-one-source-out (issue 38): for every es/pt/en source of ../shared/data/text, every model is
 fitted on the language's OTHER sources, the source's prose (>= 3 sentences, >= 50 words; first half)
-is scored, and so is text sampled from n-gram models (orders 2, 3, 4; demo/fluent_junk.py) of its
+is scored, and so is text sampled from n-gram models (orders 2, 3, 4; synthetic/fluent_junk.py) of its
 other half. A signal's cut-off is the `--percentile` of the OTHER sources' prose scores (each scored
 by a model fitted without it), so the held-out source never places its own cut-off.
 
@@ -85,7 +85,7 @@ class ContextGain:
 
     def __init__(self, lines: list[str], high: int, low: int, tmp: Path, name: str):
         import kenlm
-        from quipu.trainer.kenlm_model import train_kenlm
+        from quipu.scoring.kenlm_model import train_kenlm
         self.models = []
         for order in (high, low):
             path = tmp / f"{name}-{order}.binary"
@@ -104,9 +104,9 @@ def balance(text: str) -> float:
 def fasttext_judge(prose: dict[str, list[str]], tmp: Path, rng: random.Random):
     """A fastText classifier of prose against n-gram samples of each source and of their pool."""
     import fasttext
-    from quipu.demo.fluent_junk import NgramGenerator
+    from quipu.synthetic.fluent_junk import NgramGenerator
     from quipu.trainer.classifier_train import zero_filled_allocations
-    from quipu.trainer.kenlm_model import tokenize
+    from quipu.scoring.kenlm_model import tokenize
     lines = []
     for texts in [*prose.values(), [t for v in prose.values() for t in v]]:
         for order in (2, 3, 4):
@@ -126,9 +126,9 @@ def fasttext_judge(prose: dict[str, list[str]], tmp: Path, rng: random.Random):
 def fold(lang: str, held: str, texts: dict[str, list[str]], use_fasttext: bool, tmp: Path) -> dict:
     """Scores of the held-out source's prose and generated text under models fitted without it."""
     from collections import Counter
-    from quipu.demo.fluent_junk import fluent_junk
+    from quipu.synthetic.fluent_junk import fluent_junk
     from quipu.tasks.fluency import TOKEN, FluencyModel
-    from quipu.trainer.kenlm_model import tokenize
+    from quipu.scoring.kenlm_model import tokenize
     other = [t for n, v in texts.items() if n != held for t in v]
     judges = FluencyModel.fit(lang, other)
     common = frozenset(w for w, _ in Counter(t.lower() for x in other for t in TOKEN.findall(x)).most_common(300))

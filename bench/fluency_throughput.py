@@ -1,5 +1,5 @@
 """Speed of the fluency judge (tasks/fluency.py) beside its anchor, a plain KenLM scorer (CCNet-style
-5-gram perplexity per document, quipu.trainer.kenlm_model, KenLM's own query code), on the same
+5-gram perplexity per document, quipu.scoring.kenlm_model, KenLM's own query code), on the same
 documents in one run: documents per second per core (process CPU time, one process).
 
     .venv/bin/python bench/fluency_throughput.py [--docs 3000] [--write]
@@ -33,7 +33,7 @@ def main() -> int:
     import pyarrow as pa
     from bench.fluency_models import SOURCES, source_texts
     from quipu.tasks.fluency import FluencyConfig, FluencyFilter
-    from quipu.trainer.kenlm_model import KenLMScorer, train_kenlm
+    from quipu.scoring.kenlm_model import KenLMScorer, train_kenlm
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=3000, help="documents per language")
     ap.add_argument("--write", action="store_true")

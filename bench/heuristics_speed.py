@@ -47,7 +47,7 @@ def check_all(modes: list[str]) -> None:
     as shipped and as before decide the same (kept ids and texts, removal reasons)."""
     import pyarrow as pa
 
-    from quipu.demo.corpus import SEED, DocumentPlan
+    from quipu.synthetic.corpus import SEED, DocumentPlan
     shared = load(10**9, every_file=True, cut=None)
     docs = DocumentPlan(1.0, seed=SEED).build()
     demo = pa.table({"id": [f"demo{i}" for i in range(len(docs))], "text": [d.plain() for d in docs],

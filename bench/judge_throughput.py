@@ -1,6 +1,6 @@
 """Judges' speed beside their anchors, in one run (issue 38, item 7):
 
-- `hf_judge` (quipu.trainer.hf_classifier: tokenise once, length-sorted batches, truncation at the
+- `hf_judge` (quipu.scoring.hf_classifier: tokenise once, length-sorted batches, truncation at the
   model's maximum) vs plain transformers `pipeline("text-classification")` (batch_size 32, the
   documents in input order) on the same model and documents. The model has FineWeb-Edu's
   classifier's shape (BERT-base: 12 layers, 768 wide, 512 positions, one regression output) with
@@ -73,7 +73,7 @@ def bench_hf_judge(docs: list[dict], threads: int, work: Path) -> list[dict]:
     import torch
     from transformers import pipeline
 
-    from quipu.trainer.hf_classifier import HfClassifier
+    from quipu.scoring.hf_classifier import HfClassifier
     torch.set_num_threads(threads)
     texts = [d["text"] for d in docs]
     folder = bert_base_classifier(work / "bert-base", texts)

@@ -10,7 +10,7 @@ Sides, on the same pages:
   with `ocr: auto` on image-only PDFs (Tesseract).
 
 Corpora:
-- `made`: PDFs made from known es/pt/en prose (quipu.demo.pdfs: one and two columns, running
+- `made`: PDFs made from known es/pt/en prose (quipu.synthetic.pdfs: one and two columns, running
   headers, page numbers, hyphenation), born-digital; the same as image-only scans (`made-scan`,
   OCR: fewer, it is slow);
 - `shared`: ../shared/data/pdf files that come with an `*.expected.txt` (other tools' renderings,
@@ -96,7 +96,7 @@ def available(name: str) -> bool:
 
 
 def made_corpus(scan_docs: int) -> tuple[list, list]:
-    from quipu.demo.pdfs import make_pdf, prose
+    from quipu.synthetic.pdfs import make_pdf, prose
     born, scans = [], []
     for lang in ("es", "pt", "en"):
         paras = prose(lang, 24, seed=21)
@@ -119,7 +119,7 @@ def shared_corpus() -> list:
 
 
 def evaluate(docs: list, sides: list[str], max_pages: int = 10_000, ocr: str = "never") -> dict:
-    from quipu.demo.pdfs import token_f1
+    from quipu.synthetic.pdfs import token_f1
     from quipu.tasks.reading.pdf_layout import is_page_number
     res = {}
     for side in sides:

@@ -3,7 +3,7 @@ on the same data in one run: wall time of extract, serially and on `--workers` t
 its own PDF child process, as the curate flow's task runner), the planner's page-count probe, and
 the join; the document must come out the same bytes both ways.
 
-The PDF is made from known text (quipu.demo.pdfs: running headers, page numbers, hyphenation),
+The PDF is made from known text (quipu.synthetic.pdfs: running headers, page numbers, hyphenation),
 its 4 pages repeated to `--pages` pages: text layer only (`ocr: never`), or with `--scan` as
 image-only pages read by OCR (`ocr_languages: [spa]`: one language, so that each range's OCR is the
 whole document's; OCR pages cost ~800x a text-layer page, so the split matters most there).
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 def long_pdf(pages: int, scan: bool) -> bytes:
     import pypdfium2 as pdfium
 
-    from quipu.demo.pdfs import make_pdf, prose
+    from quipu.synthetic.pdfs import make_pdf, prose
     made = make_pdf(prose("es", 84, seed=5), "es", seed=1, image_only=scan)
     src, doc = pdfium.PdfDocument(made.data), pdfium.PdfDocument.new()
     while len(doc) < pages:

@@ -79,9 +79,10 @@ def window_curve(rows: list[dict], max_tokens: int, windows=(16, 32, 64, 96)) ->
     log-perplexity over all `max_tokens` (prefix means of the cached per-token NLLs; the teacher is
     causal, so they are what it gives a W-token window): the best a student reading W tokens can do."""
     from quipu.catalog.registry import kv_get_many
-    from quipu.trainer.teacher import LABEL_NAMESPACE, label_key, resolve_teacher_path, teacher_fingerprint
+    from quipu.scoring.model_files import weights_fingerprint
+    from quipu.trainer.teacher import LABEL_NAMESPACE, label_key, resolve_teacher_path
     from quipu.trainer.wayra_train import spearman
-    fp = teacher_fingerprint(resolve_teacher_path(None))
+    fp = weights_fingerprint(resolve_teacher_path(None))
     keys = {label_key(fp, max_tokens, r["text"]): r for r in rows}
     got = kv_get_many(f"{LABEL_NAMESPACE}:tokens", sorted(keys))
     full = {k: sum(v) / len(v) for k, v in got.items() if v}

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from quipu.trainer.teacher import Teacher, TeacherSettings
-from quipu.trainer.wayra import length_batches, pad_batch
+from quipu.scoring.wayra import length_batches, pad_batch
 
 OUT = Path(__file__).parent / "out" / "ppl" / "feats"
 LAYERS = (1, 2, 4)          # decoder layers whose outputs are kept; "final" is the normed last state

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from quipu.trainer.teacher import TeacherConfig, load_teacher
-from quipu.trainer.wayra import WayraStudent, length_batches, pad_batch
+from quipu.scoring.wayra import WayraStudent, length_batches, pad_batch
 from quipu.trainer.wayra_train import spearman
 
 BATCH = 16      # quipu's default scoring batch

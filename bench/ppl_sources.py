@@ -12,7 +12,7 @@ What the sources are (all real text, nothing generated):
 - web pages: every WARC/ARC response of ../shared/data/web (the test crawls) and the 100 real news and
   blog pages of web/constructed, extracted with quipu's own `extract` stage and language-identified with
   its fastText model (only pages that come out en/es/pt with probability >= 0.65);
-- text shipped inside installed packages (demo/sources.py): Python's language reference, our
+- text shipped inside installed packages (synthetic/sources.py): Python's language reference, our
   dependencies' READMEs, and the Spanish/Portuguese gettext catalogues of Django and Apprise.
 
 Long documents (speeches, plays, Don Quijote, ...) are cut into pieces of about `--piece-chars`
@@ -117,7 +117,7 @@ def web_sources(web: Path) -> dict[str, list[dict]]:
 
 
 def package_sources() -> dict[str, list[dict]]:
-    from quipu.demo.sources import catalogue_articles, python_reference_articles, readme_articles
+    from quipu.synthetic.sources import catalogue_articles, python_reference_articles, readme_articles
     out = {"en_pydoc": python_reference_articles(), "en_readmes": readme_articles(),
            "es_gettext": catalogue_articles("es"), "pt_gettext": catalogue_articles("pt")}
     return {s: [{"id": a.origin, "text": f"{a.title}\n\n{a.plain()}", "lang": a.lang} for a in arts]

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from quipu.catalog.files import write_json_atomic  # noqa: E402
 from quipu.tasks.quality import QualityConfig, QualityFilter  # noqa: E402
-from quipu.trainer.fasttext_classifier import load_classifier, model_sidecar, normalize_text  # noqa: E402
+from quipu.scoring.fasttext_classifier import load_classifier, model_sidecar, normalize_text  # noqa: E402
 
 
 def train_bench_model(shared: Path, out: Path) -> str:

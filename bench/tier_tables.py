@@ -34,7 +34,7 @@ QUIPU = Path(sys.executable).with_name("quipu")
 def curate_mix(work: Path) -> Path:
     """The ablation's raw mix curated by the shipped default (tiers off): the run folder."""
     os.chdir(ROOT)     # the ablation config's paths are relative to the checkout
-    from quipu.demo.ablate_mix import ensure_mix
+    from quipu.synthetic.ablate_mix import ensure_mix
     from quipu.flows.ablate import AblateConfig
     from quipu.flows.config import load_config
     config = load_config(AblateConfig, str(ABLATION), [])
@@ -122,11 +122,11 @@ HELDOUT = {"en": ["en_ud_ewt_web.jsonl"], "es": ["es_nltk_cess_esp_news.jsonl"],
 def heldout_tiers(combine: str = "max", max_docs: int = 200) -> None:
     """Tiers (shipped tables, fluency judges) of prose from sources the tables never saw (the
     ablation's held-out sources; pt: Fake.br's "true" half) beside fluent junk made from the rest of
-    those sources (demo/fluent_junk.py), per language: the share of each kind in each tier, of the
+    those sources (synthetic/fluent_junk.py), per language: the share of each kind in each tier, of the
     documents the fluency judges score (the junk the fluency stage removes is tiered here too)."""
     import json
 
-    from quipu.demo.fluent_junk import fluent_junk
+    from quipu.synthetic.fluent_junk import fluent_junk
     from quipu.tasks.fluency import FluencyConfig, FluencyFilter
     from quipu.tasks.tiers import QualityTiers, TiersConfig
     shared = ROOT.parent / "shared" / "data" / "text"

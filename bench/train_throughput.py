@@ -1,4 +1,4 @@
-"""Training-step throughput: our Llama (trainer/model.py) vs HF transformers' LlamaForCausalLM at the
+"""Training-step throughput: our Llama (trainer/llama.py) vs HF transformers' LlamaForCausalLM at the
 same configuration, measured in the same process, alternating rounds so machine load hits both.
 
 A step = forward + loss + backward + gradient clipping + AdamW step, on the same random token
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quipu.trainer.export import hf_config, to_hf_state  # noqa: E402
-from quipu.trainer.model import Llama, ModelConfig  # noqa: E402
+from quipu.trainer.llama import Llama, ModelConfig  # noqa: E402
 
 
 OPTIONS = {"plain": {}, "activation_checkpointing": {"ac": True}, "compile": {"compile": True},

@@ -1,8 +1,11 @@
 """Which process a record names, so that a later command can tell whether it still lives: a pid
-plus the process's start time names one process even after the pid is reused."""
+plus the process's start time names one process even after the pid is reused; and a child that
+dies with its parent."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -34,3 +37,15 @@ def owner_alive(owner: str) -> bool | None:
     if host != socket.gethostname():
         return None
     return process_start(pid_i) == start
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the thread that started it exits (Linux; a no-op
+    elsewhere). Also usable as a subprocess `preexec_fn`."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

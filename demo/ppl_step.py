@@ -101,11 +101,12 @@ def labels_provenance(data_dir: Path) -> dict:
 
     from quipu.flows.config import load_config
     from quipu.flows.ppl import PplConfig
-    from quipu.trainer.teacher import cpu_bf16_native, resolve_teacher_path, teacher_fingerprint
+    from quipu.scoring.model_files import weights_fingerprint
+    from quipu.trainer.teacher import cpu_bf16_native, resolve_teacher_path
     cfg = load_config(PplConfig, str(PPL_DEMO_CONFIG), []).teacher
     path = resolve_teacher_path(cfg.path)
     bf16 = torch.cuda.is_available() or (cfg.bf16 and cpu_bf16_native())
-    return {"teacher": path.name, "teacher_fingerprint": teacher_fingerprint(path), "max_tokens": cfg.max_tokens,
+    return {"teacher": path.name, "teacher_fingerprint": weights_fingerprint(path), "max_tokens": cfg.max_tokens,
             "precision": "bf16" if bf16 else "fp32", "corpus_fingerprint": corpus_fingerprint(data_dir),
             "label_docs": load_config(PplConfig, str(PPL_DEMO_CONFIG), []).label_docs,
             "torch": torch.__version__, "transformers": transformers.__version__, "command": "make demo-labels"}
@@ -114,7 +115,8 @@ def labels_provenance(data_dir: Path) -> dict:
 def use_shipped_labels(ctx, config) -> None:
     """Seed the label cache from demo/teacher_labels.json.gz when it was made with this teacher;
     say what happened (another corpus build: the documents it does not cover are labelled)."""
-    from quipu.trainer.teacher import resolve_teacher_path, teacher_fingerprint
+    from quipu.scoring.model_files import weights_fingerprint
+    from quipu.trainer.teacher import resolve_teacher_path
     if ctx.label_anew:
         print("teacher labels: --label-anew, the shipped ones are not used: the teacher labels every document")
         return
@@ -123,7 +125,7 @@ def use_shipped_labels(ctx, config) -> None:
         print(f"teacher labels: no {SHIPPED_LABELS.name} (make demo-labels): the teacher labels every document")
         return
     prov = shipped["provenance"]
-    why = shipped_labels_mismatch(prov, teacher_fingerprint(resolve_teacher_path(config.teacher.path)),
+    why = shipped_labels_mismatch(prov, weights_fingerprint(resolve_teacher_path(config.teacher.path)),
                                   config.teacher.max_tokens)
     if why:
         print(f"teacher labels: {SHIPPED_LABELS.name} not used ({why}): the teacher labels every document")
@@ -138,7 +140,7 @@ def use_shipped_labels(ctx, config) -> None:
 def ppl_distill_step(ctx) -> None:
     from quipu.flows.config import load_config
     from quipu.flows.ppl import KenLMTrainConfig, PplConfig, kenlm_train, ppl_distill
-    from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
+    from quipu.scoring.kenlm_model import KENLM_BIN_DIR, kenlm_available
 
     run = Path(ctx.run_dir).resolve()
     kept = run / "heuristics" / "kept"

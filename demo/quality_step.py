@@ -19,7 +19,7 @@ DEMO_CONFIG = REPO / "configs" / "curate" / "demo.yaml"     # the curate config 
 def quality_train_step(ctx) -> None:
     from quipu.flows.config import load_config
     from quipu.flows.curate import STAGES, CurateConfig, curate
-    from quipu.demo.corpus import built_corpus
+    from quipu.synthetic.corpus import built_corpus
     from quipu.flows.quality_train import ClassifierTrainConfig, quality_train
     from quipu.flows.runners import make_task_runner
 

@@ -48,7 +48,7 @@ class DemoStep:
 # ---- step: build the corpus ------------------------------------------------------------------------
 
 def build_corpus_step(ctx: DemoContext) -> None:
-    from quipu.demo.corpus import build_demo_corpus, ensure_demo_corpus
+    from quipu.synthetic.corpus import build_demo_corpus, ensure_demo_corpus
 
     # a package the corpus is built from that is missing raises SourceMissing, a UserError
     if ctx.rebuild:
@@ -69,7 +69,7 @@ def curate_step(ctx: DemoContext) -> None:
     from quipu.catalog.errors import UserError
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig, curate, preflight
-    from quipu.demo.corpus import built_corpus
+    from quipu.synthetic.corpus import built_corpus
     from quipu.flows.runners import make_task_runner
 
     if not ctx.inputs:

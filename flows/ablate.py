@@ -33,7 +33,7 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_json, write_json_atomic
 from quipu.catalog.names import check_name
 from quipu.catalog.ownership import claim, identity, output_lock, record_written
-from quipu.demo.ablate_mix import RawMixConfig, ensure_mix
+from quipu.synthetic.ablate_mix import RawMixConfig, ensure_mix
 from quipu.flows.config import ConfigError, apply_overrides, format_validation_error, read_yaml
 from quipu.flows.curate import CurateConfig, PrefectPhases, enabled_stages, write_curated_task
 from quipu.flows.runners import flow_run_id
@@ -100,7 +100,7 @@ class AblateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field("ablation", pattern=SAFE_VARIANT, description="names the catalog datasets ablate-<name>-<output hash>-<variant>")
     output: str = "runs/ablate"
-    raw_mix: RawMixConfig | None = Field(None, description="build a raw mix from real text files (demo/ablate_mix.py) and add it to the input")
+    raw_mix: RawMixConfig | None = Field(None, description="build a raw mix from real text files (synthetic/ablate_mix.py) and add it to the input")
     input: list[str] = Field(default_factory=list, description="raw input: paths, globs or URLs, as for curate")
     curate: CurateBase = CurateBase()
     variants: list[VariantSpec] = Field(min_length=2)

@@ -3,9 +3,9 @@
 - `ppl-label`   (`quipu ppl label CONFIG`): the teacher LLM's log-perplexity on a seeded sample of the
   input documents, cached in the catalog (never computed twice for a teacher, document and N).
 - `ppl-distill` (`quipu ppl distill CONFIG --output DIR`): label (from cache where possible), train the
-  Wayra-style student (trainer/wayra.py), save it, register it (kind `wayra`) with validation metrics.
+  Wayra-style student (scoring/wayra.py), save it, register it (kind `wayra`) with validation metrics.
 - `kenlm-train` (`quipu kenlm train CONFIG`): a CCNet-style KenLM model per language
-  (quipu.trainer.kenlm_model), registered as kind `kenlm` with held-out perplexities.
+  (quipu.scoring.kenlm_model), registered as kind `kenlm` with held-out perplexities.
 - `quipu ppl eval` (quipu.trainer.ppl_eval, no flow): on held-out documents, Spearman/Pearson of the
   student's (and KenLM's) log-perplexity with the teacher's, and the docs/s of all three measured in
   the same run.
@@ -25,7 +25,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quipu.trainer.models import KENLM_KIND, STUDENT_KIND
+from quipu.scoring.resolver import KENLM_KIND, STUDENT_KIND
 from quipu.catalog.files import write_json_atomic
 from quipu.catalog.errors import UserError
 from quipu.flows.progress import say
@@ -33,7 +33,7 @@ from quipu.flows.run_names import output_name
 from quipu.flows.runners import failed_run
 from quipu.trainer.teacher import TeacherConfig, load_teacher
 from quipu.trainer.text_source import read_documents
-from quipu.trainer.wayra import WayraArch
+from quipu.scoring.wayra import WayraArch
 from quipu.trainer.wayra_train import DistillSettings
 
 
@@ -154,8 +154,8 @@ def ppl_label(config: PplConfig) -> dict:
 
 def load_assistant(config: PplConfig):
     """The assistant student (a directory or a catalog name), loaded before any labelling."""
-    from quipu.trainer.models import resolve_model
-    from quipu.trainer.wayra import StudentError, WayraStudent
+    from quipu.scoring.resolver import resolve_model
+    from quipu.scoring.wayra import StudentError, WayraStudent
     try:
         student = WayraStudent.load(resolve_model(STUDENT_KIND, config.assistant, "assistant"),
                                     device=config.train.device)
@@ -216,7 +216,7 @@ def _ppl_distill(config: PplConfig) -> dict:
 @flow(name="kenlm-train", flow_run_name=output_name("kenlm-train"), log_prints=True, persist_result=False)
 def kenlm_train(config: KenLMTrainConfig) -> dict:
     from quipu.catalog import registry
-    from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm
+    from quipu.scoring.kenlm_model import KenLMError, KenLMScorer, kenlm_binaries, train_kenlm
     try:
         kenlm_binaries()
     except KenLMError as e:

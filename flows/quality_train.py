@@ -1,5 +1,5 @@
 """The `quality-train` flow: train, evaluate and register a fastText classifier of the family
-(quipu.trainer.fasttext_classifier): the quality classifier the `quality` stage applies, or any other
+(quipu.scoring.fasttext_classifier): the quality classifier the `quality` stage applies, or any other
 kind the config names. The steps are in quipu.trainer.classifier_train; this flow runs them as
 Prefect tasks, writes `eval.json`, registers `model.bin` with its config, training-data fingerprint
 and evaluation in the catalog (as the config's `kind`, `quality-fasttext` by default), and shows the
@@ -19,7 +19,7 @@ from quipu.flows.run_names import output_name
 from quipu.flows.runners import failed_run, flow_run_id
 from quipu.trainer.classifier_train import (ClassifierTrainConfig, eval_markdown, evaluate_file, model_meta,
                                             prepare_data, train_model)
-from quipu.trainer.fasttext_classifier import model_sidecar
+from quipu.scoring.fasttext_classifier import model_sidecar
 
 
 @task(name="quality-train-data")

@@ -14,7 +14,6 @@ reaches the whole process group, and the parent, not each child, decides what an
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.machinery
 import multiprocessing as mp
 import os
@@ -25,9 +24,10 @@ import time
 from multiprocessing import resource_tracker
 from typing import Any, Callable
 
+from quipu.catalog.processes import die_with_parent   # also pdf.py's Tesseract preexec_fn
+
 WORKER_START_TIMEOUT_S = 300
 PARENT_POLL_S = 0.2
-PR_SET_PDEATHSIG = 1
 TIMEOUT = ("timeout", None)
 DIED = ("died", None)
 
@@ -121,15 +121,6 @@ _ending = threading.Event()
 def refuse_new_children() -> None:
     """The run is ending (a signal arrived): no worker starts a child from now on."""
     _ending.set()
-
-
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when the thread that started it exits (Linux; a no-op
-    elsewhere). Also usable as a subprocess `preexec_fn`."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _watch_parent(parent: int) -> None:

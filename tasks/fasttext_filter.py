@@ -1,4 +1,4 @@
-"""The shape of a stage that applies a fastText classifier of the family (quipu.trainer.fasttext_classifier):
+"""The shape of a stage that applies a fastText classifier of the family (quipu.scoring.fasttext_classifier):
 a `ScoreFilter` whose score is the model's probability of its positive label.
 
 A subclass names the stage, its config, its score column and the catalog `model_kind` it applies
@@ -16,8 +16,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from quipu.tasks.score_filter import ScoreFilter, ScoreFilterConfig
-from quipu.trainer.fasttext_classifier import FastTextClassifier, load_classifier
-from quipu.trainer.models import resolve_model
+from quipu.scoring.fasttext_classifier import FastTextClassifier, load_classifier
+from quipu.scoring.resolver import resolve_model
 
 
 class FastTextFilterConfig(ScoreFilterConfig):

@@ -58,7 +58,7 @@ def load_fasttext(path: str):
     """The language-ID model, loaded once per process (checked first: a corrupt file is one line naming it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"fastText model not found: {path}")
-    from quipu.trainer.model_files import load_fasttext as load_checked
+    from quipu.scoring.model_files import load_fasttext as load_checked
     return load_checked(path)
 
 

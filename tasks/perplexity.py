@@ -28,8 +28,8 @@ from quipu.catalog.errors import UserError
 from quipu.catalog.files import read_json, sha256_json
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, Shard, Stage, StageConfig, langs_of, split_by_mask, write_table
-from quipu.trainer.kenlm_model import load_kenlm, resolve_kenlm
-from quipu.trainer.models import STUDENT_KIND, resolve_model
+from quipu.scoring.kenlm_model import load_kenlm, resolve_kenlm
+from quipu.scoring.resolver import STUDENT_KIND, resolve_model
 PPL_WAYRA = pa.field("ppl_wayra", pa.float64())
 PPL_KENLM = pa.field("ppl_kenlm", pa.float64())
 PPL_BUCKET = pa.field("ppl_bucket", pa.string())
@@ -83,11 +83,11 @@ class PerplexityConfig(StageConfig):
         return v
 
 
-# ---- loading models (resolution: quipu.trainer.models) -------------------------------------------
+# ---- loading models (resolution: quipu.scoring.resolver) -------------------------------------------
 
 @lru_cache(maxsize=4)
 def load_student(path: str, quantize: bool, threads: int | None, device: str = "cpu"):
-    from quipu.trainer.wayra import StudentError, WayraStudent, resolve_device
+    from quipu.scoring.wayra import StudentError, WayraStudent, resolve_device
     try:
         # int8 is CPU-only: with quantize, auto means the CPU
         return WayraStudent.load(path, quantize=quantize, threads=threads,

@@ -5,7 +5,7 @@ keeps either the documents scoring at least `threshold`, or the top `top_fractio
 (DCLM keeps the top 10%): a `FastTextFilter` (quipu.tasks.fasttext_filter) on `ScoreFilter`
 (quipu.tasks.score_filter). Removal reasons `quality<0.xx` and `quality=0.xx:tie`.
 
-The classifier (quipu.trainer.fasttext_classifier) comes from `quipu quality train`, registered in
+The classifier (quipu.scoring.fasttext_classifier) comes from `quipu quality train`, registered in
 the catalog as kind `quality-fasttext`; `model` names it (catalog name or id) or gives a path, and
 None means the newest one registered.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from quipu.tasks.fasttext_filter import FastTextFilter, FastTextFilterConfig
-from quipu.trainer.models import QUALITY_KIND
+from quipu.scoring.resolver import QUALITY_KIND
 
 QUALITY_SCORE = pa.field("quality_score", pa.float64())
 

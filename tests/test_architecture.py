@@ -1,8 +1,10 @@
 """The layout rules of the Architecture page (docs/architecture.md), checked on the source (AST), so that a change
-that breaks one fails here: Prefect only in flows/, no import cycle, only `quipu.*` imports, nothing
-named `flows` or `tasks` installed, one config block per stage of the pipeline definition, nothing
-below flows/ imports the pipeline definition, and every `python -m` / `torchrun -m` command the
-docs show names a module that exists once installed."""
+that breaks one fails here: every import points down the drawn layers (catalog < scoring < tasks <
+trainer < synthetic < flows < demo; the one way up is `quipu demo`, flows/cli.py -> demo/run.py),
+Prefect only in flows/ and demo/, no import cycle, only `quipu.*` imports, nothing named `flows` or
+`tasks` installed, one config block per stage of the pipeline definition, nothing below flows/
+imports the pipeline definition, and every `python -m` / `torchrun -m` command the docs show names
+a module that exists once installed."""
 from __future__ import annotations
 
 import ast
@@ -10,12 +12,26 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGES = ["flows", "tasks", "trainer", "catalog", "demo"]
+# the layers, bottom up: a module imports only from a lower layer or its own package
+# (docs/architecture.md draws them)
+LAYERS = {"catalog": 0, "scoring": 1, "tasks": 2, "trainer": 3, "synthetic": 4, "flows": 5, "demo": 6}
+# the one import up the layers: the `quipu demo` command runs the demo's steps, which compose flows
+UPHILL = {("quipu.flows.cli", "quipu.demo"), ("quipu.flows.cli", "quipu.demo.run")}
+
+
+def installed_folders() -> dict[str, str]:
+    """Top-level `quipu.*` package -> its folder, as pyproject.toml installs them."""
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name.removeprefix("quipu."): folder for name, folder in dirs.items()}
+
+
+PACKAGES = sorted(installed_folders().values())
 
 
 def modules() -> dict[str, Path]:
@@ -81,10 +97,51 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def layer(module: str) -> int:
+    return LAYERS[module.split(".")[1]]
+
+
+def uphill_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a module into another package at its own layer or above, `UPHILL` aside."""
+    return sorted((m, n) for m, deps in graph.items() for n in deps
+                  if m.split(".")[1] != n.split(".")[1] and layer(n) >= layer(m) and (m, n) not in UPHILL)
+
+
+def test_the_layer_map_covers_every_installed_package():
+    folders = installed_folders()
+    assert folders == {name: name for name in folders}    # package quipu.X is the folder X/
+    assert sorted(LAYERS) == sorted(folders)
+    assert {"scoring", "synthetic"} <= set(LAYERS)
+
+
+def test_every_import_points_down():
+    graph = import_graph()
+    edges = {(m.split(".")[1], n.split(".")[1]) for m, deps in graph.items() for n in deps}
+    # the check sees the edges it is about: stages load models, training reads curated text
+    assert {("tasks", "scoring"), ("trainer", "scoring"), ("trainer", "tasks"), ("flows", "synthetic")} <= edges
+    assert uphill_imports(graph) == []
+
+
+def test_an_uphill_import_is_found():
+    """tasks -> trainer, flows -> demo (other than the demo command), scoring -> tasks are each reported."""
+    graph = {"quipu.tasks.quality": {"quipu.trainer.models", "quipu.scoring.resolver"},
+             "quipu.flows.ablate": {"quipu.demo.corpus", "quipu.synthetic.ablate_mix"},
+             "quipu.flows.cli": {"quipu.demo.run", "quipu.demo"},
+             "quipu.scoring.model_files": {"quipu.tasks.child_worker", "quipu.catalog.processes"}}
+    assert uphill_imports(graph) == [("quipu.flows.ablate", "quipu.demo.corpus"),
+                                     ("quipu.scoring.model_files", "quipu.tasks.child_worker"),
+                                     ("quipu.tasks.quality", "quipu.trainer.models")]
+
+
+def test_the_worker_image_copies_every_package():
+    dockerfile = (ROOT / "deploy" / "Dockerfile.worker").read_text()
+    assert [f for f in PACKAGES if f"COPY {f} {f}\n" not in dockerfile] == []
+
+
 def test_prefect_only_in_flows_and_demo():
     uses_prefect = {m for m, p in modules().items() if any(n.split(".")[0] == "prefect" for n in imports(p))}
     assert {"quipu.flows.curate", "quipu.flows.deploy"} <= uses_prefect   # the check sees imports at all
-    assert [m for m in uses_prefect if m.split(".")[1] in ("tasks", "trainer", "catalog")] == []
+    assert [m for m in uses_prefect if layer(m) < LAYERS["flows"]] == []
 
 
 def test_catalog_imports_neither_tasks_nor_flows():
@@ -112,7 +169,7 @@ def test_only_namespaced_imports():
 
 def test_nothing_named_flows_or_tasks_is_installed(tmp_path):
     code = ("import importlib.util as u, quipu.tasks.stage; "
-            "print([n for n in ('flows', 'tasks', 'trainer', 'catalog', 'demo') if u.find_spec(n)])")
+            f"print([n for n in {PACKAGES!r} if u.find_spec(n)])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -133,9 +190,9 @@ PIPELINE = "quipu.tasks.pipeline"
 # tasks/pipeline.py lists the stages; the driver and every stage get a stage from the reference
 # they are handed, so a stage that is not listed there still runs and the driver is testable alone
 def pipeline_importers(graph: dict[str, set[str]]) -> set[str]:
-    """Modules of tasks/, trainer/, catalog/ that import the pipeline definition (flows/ and demo/
-    compose the pipeline: they may)."""
-    return {m for m, deps in graph.items() if PIPELINE in deps and m.split(".")[1] in ("tasks", "trainer", "catalog")}
+    """Modules below flows/ that import the pipeline definition (flows/ and demo/ compose the
+    pipeline: they may)."""
+    return {m for m, deps in graph.items() if PIPELINE in deps and layer(m) < LAYERS["flows"]}
 
 
 def test_nothing_below_flows_imports_the_pipeline():
@@ -211,10 +268,10 @@ def test_a_command_naming_a_checkout_folder_is_found(tmp_path):
 
 
 def test_one_fasttext_loader():
-    """fastText files are loaded in one place, `quipu.trainer.model_files.load_fasttext` (checked in a
+    """fastText files are loaded in one place, `quipu.scoring.model_files.load_fasttext` (checked in a
     child first, then loaded): the language-ID model and every classifier of the family go through it."""
     def loads(path: Path) -> bool:
         return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "load_model"
                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "fasttext"
                    for n in ast.walk(ast.parse(path.read_text())))
-    assert sorted(name for name, path in modules().items() if loads(path)) == ["quipu.trainer.model_files"]
+    assert sorted(name for name, path in modules().items() if loads(path)) == ["quipu.scoring.model_files"]

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quipu.demo.junk import KINDS, junk_documents
+from quipu.synthetic.junk import KINDS, junk_documents
 from quipu.flows.config import ConfigError, load_config
 from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
 from tests.conftest import ROOT, quipu_main, run_quipu

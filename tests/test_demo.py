@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from quipu.demo import sources as demo_sources
-from quipu.demo.corpus import DocumentPlan, build_demo_corpus, built_corpus, ensure_demo_corpus, humaneval_statement
+from quipu.synthetic import sources as demo_sources
+from quipu.synthetic.corpus import DocumentPlan, build_demo_corpus, built_corpus, ensure_demo_corpus, humaneval_statement
 
 SMALL = 0.1
 
@@ -213,7 +213,7 @@ def test_demo_curates_a_small_corpus_and_every_stage_removes_something(prefect_s
         assert b["input_docs"] == a["kept_docs"], (a["name"], b["name"])
     assert run["records_read"] == stages[0]["input_docs"] + run["quarantined"]
     assert run["quarantined"] >= 3 and run["curated"]["rows"] == stages[-1]["kept_docs"] > 0
-    # the help sites' feedback line (demo/corpus.py `signoff`) is what line dedup removed most
+    # the help sites' feedback line (synthetic/corpus.py `signoff`) is what line dedup removed most
     top = json.loads((tmp_path / "run" / "lines" / "report.json").read_text())["stats"]["top_removed_lines"]
     assert top and top[0]["line"].startswith("Was this page helpful?"), top
     outcomes = planted_outcomes(tmp_path / "run", tmp_path / "data" / "labels.jsonl")
@@ -269,12 +269,13 @@ def test_the_shipped_teacher_labels_are_the_shipped_teacher_s(tmp_path):
     from quipu.demo.ppl_step import PPL_DEMO_CONFIG, SHIPPED_LABELS, label_namespaces, read_shipped_labels
     from quipu.flows.config import load_config
     from quipu.flows.ppl import PplConfig
-    from quipu.trainer.teacher import resolve_teacher_path, teacher_fingerprint
+    from quipu.scoring.model_files import weights_fingerprint
+    from quipu.trainer.teacher import resolve_teacher_path
     shipped = read_shipped_labels(SHIPPED_LABELS)
     assert shipped is not None, "demo/teacher_labels.json.gz is missing: make demo-labels"
     cfg = load_config(PplConfig, str(PPL_DEMO_CONFIG), [])
     prov = shipped["provenance"]
-    assert prov["teacher_fingerprint"] == teacher_fingerprint(resolve_teacher_path(cfg.teacher.path))
+    assert prov["teacher_fingerprint"] == weights_fingerprint(resolve_teacher_path(cfg.teacher.path))
     assert prov["max_tokens"] == cfg.teacher.max_tokens and prov["command"] == "make demo-labels"
     means, tokens = (shipped["labels"][n] for n in label_namespaces())
     assert means and set(means) == set(tokens)

@@ -206,7 +206,7 @@ def build_bad_corpus(d: Path) -> dict:
 def build_bad_pdfs(d: Path, paras: list[str]) -> dict:
     """PDFs (issue 29): locked with a user password, cut at 60%, and PDF-looking junk; each one
     record, removed or kept with what its pages gave."""
-    from quipu.demo.pdfs import make_pdf
+    from quipu.synthetic.pdfs import make_pdf
     from quipu.tasks.reading.records import stable_id
     from tests.test_pdf import _encrypted
     (d / "locked.pdf").write_bytes(_encrypted("secret", "owner"))
@@ -251,10 +251,10 @@ def _word_salad(n: int, seed: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory, prefect_server) -> dict:
     """A fastText quality classifier (the quality-train flow, light settings) and a tiny Wayra
-    student (trainer.wayra.distill on a learnable stand-in label, as tests/test_perplexity.py does)."""
+    student (trainer.wayra_train.distill on a learnable stand-in label, as tests/test_perplexity.py does)."""
     from quipu.flows.config import load_config
     from quipu.flows.quality_train import ClassifierTrainConfig, quality_train
-    from quipu.trainer.wayra import WayraArch
+    from quipu.scoring.wayra import WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill
 
     base = tmp_path_factory.mktemp("fault-models")

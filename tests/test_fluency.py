@@ -7,7 +7,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from quipu.demo.fluent_junk import NgramGenerator, fluent_junk, sentences, spin
+from quipu.synthetic.fluent_junk import NgramGenerator, fluent_junk, sentences, spin
 from quipu.tasks.fluency import FluencyConfig, FluencyFilter, FluencyModel
 from tests.textgen import python_doc_paragraphs
 
@@ -18,7 +18,7 @@ def english_prose(n: int = 120) -> list[str]:
 
 
 def spanish_prose() -> list[str]:
-    from quipu.demo.sources import catalogue_articles
+    from quipu.synthetic.sources import catalogue_articles
     return [a.plain() for a in catalogue_articles("es") if len(a.plain().split()) >= 50]
 
 
@@ -105,7 +105,7 @@ def test_cutoffs_come_from_held_out_folds_and_too_little_reference_is_one_line()
 def test_backoff_sentence_generator_writes_new_ngrams_in_whole_sentences():
     """The bench's second generator (a different kind from NgramGenerator): deterministic, whole
     detokenised sentences, and through backoff word trigrams that no reference text has."""
-    from quipu.demo.fluent_junk import BackoffSentenceGenerator
+    from quipu.synthetic.fluent_junk import BackoffSentenceGenerator
     prose = python_doc_paragraphs()
     gen = BackoffSentenceGenerator(prose, 3)
     a, b = (gen.generate(random.Random(5), 120) for _ in range(2))

@@ -404,7 +404,7 @@ PDF_EXAMPLES = 40
 
 
 def _pdf_built() -> Built:
-    from quipu.demo.pdfs import make_pdf
+    from quipu.synthetic.pdfs import make_pdf
     made = make_pdf([t for _, t in DOCS], "en", columns=2, seed=3)      # 2 pages: split by pages_per_unit 1
     return Built(made.data, ["pdf"], [(0, len(made.data))])
 

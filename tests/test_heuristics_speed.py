@@ -43,7 +43,7 @@ def verdicts(texts: list[str], langs: list[str], compat: str) -> list[tuple[str 
 
 def demo_documents(scale: float = 0.1) -> tuple[list[str], list[str]]:
     """The demo corpus's documents (articles, spam, word salad, keyboard noise, short ones...)."""
-    from quipu.demo.corpus import SEED, DocumentPlan
+    from quipu.synthetic.corpus import SEED, DocumentPlan
     docs = DocumentPlan(scale, seed=SEED).build()
     return [d.plain() for d in docs], [d.lang if d.lang in ("en", "es", "pt") else "en" for d in docs]
 

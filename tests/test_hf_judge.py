@@ -8,7 +8,7 @@ import pytest
 
 from quipu.catalog.errors import UserError
 from quipu.tasks.classifiers.transformer_judge import HfJudge, HfJudgeConfig
-from quipu.trainer.hf_classifier import HfModelError, load_hf_classifier
+from quipu.scoring.hf_classifier import HfModelError, load_hf_classifier
 from tests.hf_tiny import tiny_bert
 
 TEXTS = {

@@ -498,7 +498,7 @@ def test_config_error_formats_a_large_value_from_a_bounded_prefix(tmp_path):
 def small_quality_model(tmp_path_factory) -> Path:
     """A tiny fastText classifier trained here on the probe texts (0.3 s)."""
     import random
-    from quipu.trainer.model_files import PROBE
+    from quipu.scoring.model_files import PROBE
     from quipu.trainer.classifier_train import FastTextParams, train_model
     d = tmp_path_factory.mktemp("ftmodel")
     rng = random.Random(0)
@@ -527,8 +527,8 @@ def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in
     size`) mid-run; a truncated one loaded and scored everything ~0.5. Now the layout is checked
     against the file before the native loader sees it: one error naming the file."""
     import struct
-    from quipu.trainer.model_files import fasttext_problem
-    from quipu.trainer.fasttext_classifier import ClassifierModelError, load_classifier
+    from quipu.scoring.model_files import fasttext_problem
+    from quipu.scoring.fasttext_classifier import ClassifierModelError, load_classifier
     data = small_quality_model.read_bytes()
     assert fasttext_problem(str(small_quality_model)) is None
     from quipu.tasks.langid import default_model_path
@@ -551,7 +551,7 @@ def test_fasttext_model_with_a_changed_header_integer_or_cut_short_is_refused_in
 def test_quality_model_with_constant_scores_fails_the_precheck(tmp_path, small_quality_model):
     """A consistent file whose weights say nothing (here the input vectors zeroed: every text gets
     the same score) would keep or remove everything alike; the probe set catches it."""
-    from quipu.trainer.fasttext_classifier import ClassifierModelError, load_classifier
+    from quipu.scoring.fasttext_classifier import ClassifierModelError, load_classifier
     lay = _layout(small_quality_model)
     data = bytearray(small_quality_model.read_bytes())
     m, n = struct_unpack_qq(data, lay["input_mn"])
@@ -571,7 +571,7 @@ def struct_unpack_qq(data, offset):
 def test_a_loader_crash_is_one_line_naming_the_file(tmp_path, monkeypatch, small_quality_model):
     """Whatever the layout check misses and the native loader dies on is a crash of the child, not
     of quipu: one line naming the file and the signal."""
-    import quipu.trainer.model_files as mf
+    import quipu.scoring.model_files as mf
     monkeypatch.setattr(mf, "fasttext_problem", lambda path: None)
     bad = tmp_path / "abort.bin"
     bad.write_bytes(small_quality_model.read_bytes())
@@ -592,7 +592,7 @@ def test_student_config_declaring_the_largest_arch_beside_tiny_weights_allocates
 import json
 from pathlib import Path
 from safetensors.torch import save_file
-from quipu.trainer.wayra import CONFIG_FILE, FORMAT, TOKENIZER_FILE, WEIGHTS_FILE, StudentError, WayraArch, WayraModel, WayraStudent
+from quipu.scoring.wayra import CONFIG_FILE, FORMAT, TOKENIZER_FILE, WEIGHTS_FILE, StudentError, WayraArch, WayraModel, WayraStudent
 d = Path({str(tmp_path / 'student')!r}); d.mkdir()
 tiny = WayraArch(vocab_size=320, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=48)
 save_file(WayraModel(tiny).state_dict(), str(d / WEIGHTS_FILE))
@@ -612,7 +612,7 @@ except StudentError as e:
 def test_kenlm_model_is_first_loaded_in_a_child(tmp_path):
     """KenLM files get the same first load in a child process: a file it cannot read is one line
     naming it (a file it would abort on costs the child, not the run: as in the fastText test)."""
-    from quipu.trainer.model_files import ModelFileError, check_kenlm
+    from quipu.scoring.model_files import ModelFileError, check_kenlm
     arpa = tmp_path / "tiny.arpa"
     arpa.write_text("\\data\\\nngram 1=4\nngram 2=2\n\n\\1-grams:\n-1.0\t<unk>\t0\n-99\t<s>\t-0.3\n-0.5\t</s>\t0\n"
                     "-0.6\tword\t-0.2\n\n\\2-grams:\n-0.2\t<s> word\n-0.3\tword </s>\n\n\\end\\\n")

@@ -326,7 +326,7 @@ def test_control_characters_in_set_are_one_line():
 def test_a_model_of_another_kind_is_refused_for_a_stage(tmp_path):
     """news.model pointed at the quality classifier (its sidecar says what it is) is one line."""
     import json
-    from quipu.trainer.models import ModelNotFound, resolve_model
+    from quipu.scoring.resolver import ModelNotFound, resolve_model
     model = tmp_path / "quality.bin"
     model.write_bytes(b"\xba\x16\x4f\x2f" + b"\0" * 60)
     model.with_suffix(".json").write_text(json.dumps({"kind": "quality-fasttext", "positive_label": "hq"}))
@@ -339,7 +339,7 @@ def test_a_model_of_another_kind_is_refused_for_a_stage(tmp_path):
 
 def test_fasttext_model_with_nan_weights_is_refused_in_one_line(tmp_path, small_quality_model):
     import struct
-    from quipu.trainer.model_files import ModelFileError, check_fasttext, fasttext_problem
+    from quipu.scoring.model_files import ModelFileError, check_fasttext, fasttext_problem
     assert fasttext_problem(str(small_quality_model)) is None
     check_fasttext(str(small_quality_model), "__label__hq")
     data = bytearray(small_quality_model.read_bytes())
@@ -357,7 +357,7 @@ def test_fasttext_words_too_long_to_load_are_refused_before_loading(tmp_path, mo
     """The loader builds every word's character n-grams (minn..maxn): 60,000-character words cost
     gigabytes however small the file. Here the tiny model's header asks for 1- to 1000-grams."""
     import struct
-    from quipu.trainer import model_files
+    from quipu.scoring import model_files
     data = bytearray(small_quality_model.read_bytes())
     data[44:52] = struct.pack("<ii", 1, 1000)       # minn, maxn
     path = tmp_path / "ngrams.bin"
@@ -368,7 +368,7 @@ def test_fasttext_words_too_long_to_load_are_refused_before_loading(tmp_path, mo
 
 
 def test_model_loading_child_has_a_memory_limit(tmp_path, monkeypatch, small_quality_model):
-    from quipu.trainer import model_files
+    from quipu.scoring import model_files
     monkeypatch.setattr(model_files, "CHILD_MEMORY_BYTES", 64 << 20)   # too little for Python and fastText
     path = tmp_path / "m.bin"
     path.write_bytes(small_quality_model.read_bytes())
@@ -381,7 +381,7 @@ def _student(tmp_path: Path, label_mean: float = 3.0, poison: bool = False) -> P
     import torch
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
-    from quipu.trainer.wayra import WayraArch, WayraModel, WayraStudent
+    from quipu.scoring.wayra import WayraArch, WayraModel, WayraStudent
     torch.manual_seed(0)
     model = WayraModel(WayraArch(vocab_size=300, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16))
     if poison:
@@ -394,7 +394,7 @@ def _student(tmp_path: Path, label_mean: float = 3.0, poison: bool = False) -> P
 
 def test_student_with_nan_label_mean_or_weights_is_refused_and_written_with_the_umask_mode(tmp_path):
     from quipu.catalog.files import default_mode
-    from quipu.trainer.wayra import StudentError, WayraStudent
+    from quipu.scoring.wayra import StudentError, WayraStudent
     good = _student(tmp_path)
     WayraStudent.load(good)
     assert all((p.stat().st_mode & 0o777) == default_mode() for p in good.iterdir()), \

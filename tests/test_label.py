@@ -245,7 +245,7 @@ def test_labels_train_the_fasttext_judge_as_shipped(tmp_path):
     from quipu.flows.config import load_config
     from quipu.tasks.classifiers.quality_edu import EduConfig, EduFilter
     from quipu.trainer.classifier_train import ClassifierTrainConfig, evaluate_file, model_meta, prepare_data, train_model
-    from quipu.trainer.fasttext_classifier import model_sidecar
+    from quipu.scoring.fasttext_classifier import model_sidecar
     from quipu.catalog.files import write_json_atomic
     rng = random.Random(0)
     good = "la fotosíntesis convierte la luz en energía química en las plantas y las algas verdes".split()

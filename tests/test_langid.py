@@ -163,7 +163,7 @@ def test_the_model_sees_only_the_first_max_chars_of_a_document():
 def test_a_damaged_lid_model_is_refused_in_one_line_naming_it(tmp_path, damage):
     """fastText loads a truncated lid.176.ftz without a word and predicts garbage from it; the stage
     checks the file first (layout, then a load in a child) and refuses it naming the path."""
-    from quipu.trainer.model_files import ModelFileError
+    from quipu.scoring.model_files import ModelFileError
     good = Path(default_model_path()).read_bytes()
     bad = tmp_path / f"lid-{damage.replace(' ', '-')}.ftz"
     bad.write_bytes({"cut in half": good[:len(good) // 2], "last bytes missing": good[:-100],

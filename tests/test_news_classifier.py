@@ -11,7 +11,7 @@ import pyarrow as pa
 from quipu.catalog.files import write_json_atomic
 from quipu.flows.config import load_config, read_yaml
 from quipu.trainer.classifier_train import ClassifierTrainConfig, model_meta, prepare_data, train_model
-from quipu.trainer.fasttext_classifier import model_sidecar
+from quipu.scoring.fasttext_classifier import model_sidecar
 from tests.conftest import ROOT
 
 # records after every training `limit` of configs/quality/news.yaml: (file, first, count)

@@ -1,7 +1,7 @@
 """PDF documents (issue 29): text layer and OCR against known text, running headers and page
 numbers, hostile files, WARC PDF responses, the report, and the real PDFs in ../shared/data/pdf.
 
-The born-digital and image-only PDFs are made here (quipu.demo.pdfs, reportlab, seeded) from real
+The born-digital and image-only PDFs are made here (quipu.synthetic.pdfs, reportlab, seeded) from real
 es/pt/en prose laid out in one and two columns with running headers, page numbers and hyphenated
 line ends, so the text a perfect extractor gives is known.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from quipu.demo.pdfs import FOOTERS, make_pdf, prose, token_f1
+from quipu.synthetic.pdfs import FOOTERS, make_pdf, prose, token_f1
 from quipu.tasks.reading import pdf
 from quipu.tasks.extract import ExtractConfig, extract_file
 from quipu.tasks.reading.pdf import PdfConfig, read_pdf, text_layer_problem

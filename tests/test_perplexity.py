@@ -147,7 +147,7 @@ def test_corrupt_hf_teacher_directory(tmp_path, tiny_teacher_dir):
 @pytest.fixture(scope="module")
 def tiny_student(tmp_path_factory):
     """A tiny student distilled on noise-fraction labels (a stand-in for teacher log-perplexity)."""
-    from quipu.trainer.wayra import WayraArch
+    from quipu.scoring.wayra import WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill
     texts, noise = noisy_texts(160)
     labels = [1.0 + 4.0 * p for p in noise]
@@ -169,7 +169,7 @@ def test_student_learns_a_learnable_label(tiny_student):
 
 
 def test_student_save_load_sorted_batches_and_int8(tiny_student):
-    from quipu.trainer.wayra import WayraStudent
+    from quipu.scoring.wayra import WayraStudent
     d, student, _ = tiny_student
     texts = noisy_texts(20, seed=4)[0]
     a = student.predict_log_ppl(texts, batch_size=7)
@@ -185,7 +185,7 @@ def test_student_save_load_sorted_batches_and_int8(tiny_student):
 def test_student_with_the_teachers_tokenizer_and_embeddings(tmp_path, tiny_teacher_dir):
     import torch
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.scoring.wayra import WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=32, bf16=False))
     texts, noise = noisy_texts(60, seed=11)
@@ -226,7 +226,7 @@ def test_token_head_student_learns_per_token_targets(tiny_teacher_dir):
     targets are known (high on random-letter pieces, low on words) because a random teacher's NLLs
     barely vary: a student that learned nothing would fail here."""
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import StudentError, WayraArch
+    from quipu.scoring.wayra import StudentError, WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     texts, tokens, labels = rare_letter_labels(teacher, 200, seed=12)
@@ -253,7 +253,7 @@ def test_student_on_the_teachers_first_layers(tmp_path, tiny_teacher_dir):
     targets on top, and saves a student that loads (and int8-quantises) without the teacher."""
     import torch
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import StudentError, WayraArch, WayraStudent, load_teacher_layers, teacher_body
+    from quipu.scoring.wayra import StudentError, WayraArch, WayraStudent, load_teacher_layers, teacher_body
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     tcfg = json.loads(teacher.model.config.to_json_string(use_diff=False))
@@ -304,7 +304,7 @@ def test_frozen_teacher_body_trains_only_the_head(tmp_path, tiny_teacher_dir):
     states computed once, and the student predicts as well as it validated; an own body refuses it."""
     import torch
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import StudentError, WayraArch, WayraStudent
+    from quipu.scoring.wayra import StudentError, WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     texts, tokens, labels = rare_letter_labels(teacher, 200, seed=15)
@@ -332,7 +332,7 @@ def test_frozen_teacher_body_trains_only_the_head(tmp_path, tiny_teacher_dir):
 def test_lens_feature_student_trains_saves_and_loads(tmp_path, tiny_teacher_dir):
     """lens_feature: the head also sees each token's tied-embedding score from the previous state."""
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.scoring.wayra import WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     texts, tokens, labels = rare_letter_labels(teacher, 200, seed=14)
@@ -354,7 +354,7 @@ def test_assistant_student_labels_unlabelled_text_for_a_smaller_student(tiny_tea
     """A (wider) student's per-token predictions are training data for a smaller one: they are in
     nats, one per token after BOS, and the smaller student learns from them (never validated on them)."""
     from quipu.trainer.teacher import Teacher, TeacherSettings
-    from quipu.trainer.wayra import StudentError, WayraArch
+    from quipu.scoring.wayra import StudentError, WayraArch
     from quipu.trainer.wayra_train import DistillSettings, distill, spearman
     teacher = Teacher(str(tiny_teacher_dir), TeacherSettings(max_tokens=31, bf16=False))
     texts, tokens, labels = rare_letter_labels(teacher, 300, seed=13)
@@ -388,7 +388,7 @@ def test_device_selection_on_cpu(monkeypatch, tiny_teacher_dir, tiny_student):
     student and the teacher land on the device chosen."""
     import torch
     from quipu.trainer.teacher import Teacher, TeacherError, TeacherSettings
-    from quipu.trainer.wayra import StudentError, WayraStudent, resolve_device
+    from quipu.scoring.wayra import StudentError, WayraStudent, resolve_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto").type == "cpu" and resolve_device("cpu").type == "cpu"
     with pytest.raises(StudentError, match="no CUDA device"):
@@ -424,7 +424,7 @@ def test_eval_window_defaults_to_the_students_own(tmp_path, tiny_student):
 
 
 def test_length_batches_cap_documents_and_padded_tokens():
-    from quipu.trainer.wayra import length_batches
+    from quipu.scoring.wayra import length_batches
     lengths = [5, 50, 3, 50, 20, 7, 7, 100, 1]
     by_count = length_batches(lengths, 3)
     assert by_count == [[8, 2, 0], [5, 6, 4], [1, 3, 7]]
@@ -469,7 +469,7 @@ def test_stage_on_cuda_matches_cpu(tmp_path, tiny_student):
 
 def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
     import shutil
-    from quipu.trainer.wayra import StudentError, WayraStudent
+    from quipu.scoring.wayra import StudentError, WayraStudent
     with pytest.raises(StudentError, match="not found"):
         WayraStudent.load(tmp_path / "missing")
     d = tmp_path / "s"
@@ -486,14 +486,14 @@ def test_student_that_does_not_load_names_the_path(tmp_path, tiny_student):
 # ---- KenLM ------------------------------------------------------------------------------------
 
 def test_ccnet_normalisation_keeps_accents():
-    from quipu.trainer.kenlm_model import doc_lines, normalize, tokenize
+    from quipu.scoring.kenlm_model import doc_lines, normalize, tokenize
     assert normalize("  Él  Pagó 1.234,50€ «ya» — ¿Qué?  ") == 'él  pagó 0.000,00€ "ya"  -  ¿qué?'
     assert tokenize("Él pagó 12€, ¡sí!") == "él pagó 00 € , ¡ sí !"
     assert doc_lines("Hola, mundo.\n\n  \nSegunda línea 7") == ["hola , mundo .", "segunda línea 0"]
 
 
 def _kenlm_or_skip():
-    from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
+    from quipu.scoring.kenlm_model import KENLM_BIN_DIR, kenlm_available
     if not kenlm_available():
         from tests.conftest import missing_install
         missing_install(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
@@ -501,7 +501,7 @@ def _kenlm_or_skip():
 
 def test_kenlm_train_and_score(tmp_path):
     _kenlm_or_skip()
-    from quipu.trainer.kenlm_model import KenLMError, KenLMScorer, train_kenlm
+    from quipu.scoring.kenlm_model import KenLMError, KenLMScorer, train_kenlm
     rng = random.Random(0)
     sentences = ["the cat sat on the mat", "the dog sat on the rug", "a cat and a dog went to sleep",
                  "the cat was very tired after a long day", "el gato se fue a dormir"]
@@ -645,7 +645,7 @@ def test_distill_flow_registers_student(tmp_path, prefect_server, tiny_teacher_d
         "train": cfg.train.model_copy(update={"lm_weight": 0.0, "pretrain_epochs": 0})})
     token_summary = ppl_distill(token_cfg)
     assert token_summary["labels"]["computed"] == 0 and token_summary["labels"]["cached"] == 60
-    from quipu.trainer.wayra import WayraStudent
+    from quipu.scoring.wayra import WayraStudent
     assert WayraStudent.load(tmp_path / "token-student").arch.head == "token"
 
 
@@ -683,7 +683,7 @@ def test_student_on_smollm2_layers_saves_and_loads_without_the_teacher(smollm2_t
     """body: teacher with the real GGUF teacher: its config (read from GGUF) must rebuild the layers
     when the student is loaded alone, and the student must reproduce its own predictions."""
     from quipu.trainer.teacher import TeacherSettings
-    from quipu.trainer.wayra import WayraArch, WayraStudent
+    from quipu.scoring.wayra import WayraArch, WayraStudent
     from quipu.trainer.wayra_train import DistillSettings, distill
     teacher = smollm2_teacher
     teacher.settings = TeacherSettings(max_tokens=24, batch_size=8)

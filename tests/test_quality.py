@@ -14,8 +14,8 @@ from quipu.catalog.files import read_json, sha256_file
 from quipu.flows.config import load_config, read_yaml
 from quipu.tasks.quality import QualityConfig, QualityFilter
 from quipu.tasks.score_filter import Cutoff, top_fraction_cutoffs
-from quipu.trainer.models import QUALITY_KIND, ModelNotFound, resolve_model as resolve
-from quipu.trainer.fasttext_classifier import ClassifierModelError, Normalization, load_classifier, normalize_text
+from quipu.scoring.resolver import QUALITY_KIND, ModelNotFound, resolve_model as resolve
+from quipu.scoring.fasttext_classifier import ClassifierModelError, Normalization, load_classifier, normalize_text
 
 
 def resolve_model(ref):

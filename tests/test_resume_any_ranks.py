@@ -127,7 +127,7 @@ def test_optimizer_state_converts_between_index_and_name_keys(prepared, tmp_path
     """The unit under the cases above: a one-process optimizer state (keyed by index) re-keyed by
     parameter name and back gives the same tensors, and a state of another model is one line."""
     from quipu.trainer.checkpoint import CheckpointMismatch, optimizer_state_by_index, optimizer_state_by_name
-    from quipu.trainer.model import Llama, ModelConfig
+    from quipu.trainer.llama import Llama, ModelConfig
     from quipu.trainer.train import OptimConfig, make_optimizer
     torch.manual_seed(0)
     model = Llama(ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16))

@@ -226,7 +226,7 @@ def test_pii_precision_and_recall_on_real_text(shared_data):
 def test_a_model_changed_after_quipu_wrote_it_is_refused_naming_the_file(tmp_path):
     from quipu.catalog import registry
     from quipu.catalog.registry import ModelFileChanged
-    from quipu.trainer.models import resolve_model
+    from quipu.scoring.resolver import resolve_model
     model = tmp_path / "kenlm" / "model.arpa"
     model.parent.mkdir()
     model.write_bytes(b"\\data\\\nngram 1=3\n" * 100)

@@ -74,7 +74,7 @@ def world(prefect_server, tmp_path_factory) -> World:
 
     from quipu.catalog import registry
     from quipu.catalog.files import sha256_file
-    from quipu.demo.corpus import build_demo_corpus
+    from quipu.synthetic.corpus import build_demo_corpus
     from tests.test_perplexity import build_tiny_teacher
     w = World(tmp_path_factory.mktemp("shipped"))
     # a catalog of its own: the train configs blend "demo" and "crawl", which other tests of the
@@ -161,7 +161,7 @@ def run_quality(world: World, config: str) -> None:
 
 
 def run_kenlm(world: World, config: str) -> None:
-    from quipu.trainer.kenlm_model import KENLM_BIN_DIR, kenlm_available
+    from quipu.scoring.kenlm_model import KENLM_BIN_DIR, kenlm_available
     if not kenlm_available():
         missing_install(f"KenLM's lmplz/build_binary are not built in {KENLM_BIN_DIR} (run `make kenlm`)")
     from quipu.flows.config import read_yaml
@@ -310,7 +310,7 @@ def test_ppl_eval_reports_what_its_predictions_say(world, tmp_path):
     """`quipu ppl eval` of the student the shipped demo config made (and the demo KenLM where built):
     its Spearman is scipy's on the teacher and student scores it wrote per document."""
     from scipy.stats import spearmanr
-    from quipu.trainer.kenlm_model import kenlm_available
+    from quipu.scoring.kenlm_model import kenlm_available
     student = world.outputs.get("configs/ppl/demo.yaml")
     if student is None:
         run_ppl(world, "configs/ppl/demo.yaml")

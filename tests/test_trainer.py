@@ -24,7 +24,7 @@ from quipu.catalog import registry
 from quipu.catalog.files import sha256_file
 from quipu.flows.config import ConfigError, load_config
 from quipu.trainer.data import BlendError, Batcher, resolve_phase_starts
-from quipu.trainer.model import Llama, ModelConfig
+from quipu.trainer.llama import Llama, ModelConfig
 from quipu.trainer.prepare import prepare, resolve_sources
 from quipu.trainer.train import TrainConfig, plan_data, load_sources, train
 
@@ -146,7 +146,7 @@ def test_fused_paths_give_the_plain_paths_loss_and_gradients(monkeypatch, tie):
     """One GEMM for q/k/v and gate/up and the chunked LM head + loss (Llama.use_fused): same loss and
     gradients as the plain modules, with ignored targets, grouped-query heads and packed rows, over
     several chunks (one shorter than the rest); the state dict keeps the per-projection names."""
-    import quipu.trainer.model as model_module
+    import quipu.trainer.llama as model_module
     monkeypatch.setattr(model_module, "LM_HEAD_CHUNK", 7)
     torch.manual_seed(0)
     m = Llama(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, tie_embeddings=tie))
@@ -415,7 +415,7 @@ def test_spike_guard_unit():
 def test_sample_is_seeded_and_leaves_the_model_in_its_mode():
     """trainer/sampling.py: the same weights and seed give the same sample (another seed another),
     it continues the prompt, 0 tokens is "", and the model is left in the mode it was in."""
-    from quipu.trainer.model import Llama, ModelConfig
+    from quipu.trainer.llama import Llama, ModelConfig
     from quipu.trainer.sampling import sample
     from quipu.trainer.tokenizer import BOS, EOS, TextTokenizer, train_bpe
     texts = ["el gato come pescado y el perro duerme en la casa"] * 50 + ["the cat eats fish and the dog sleeps"] * 50

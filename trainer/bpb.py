@@ -111,7 +111,7 @@ def score_documents(docs: list[HeldoutDoc], encode: Callable[[str], list[int]], 
 def score_checkpoint(checkpoint: str | Path, tokenizer_dir: str | Path, docs: list[HeldoutDoc], seq_len: int) -> list[DocScore]:
     """Our model, from a training checkpoint, with the run's tokenizer."""
     from quipu.trainer.checkpoint import load_checkpoint
-    from quipu.trainer.model import Llama, ModelConfig
+    from quipu.trainer.llama import Llama, ModelConfig
     from quipu.trainer.tokenizer import TextTokenizer
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():   # sharded (DCP): its shards joined into one process's model

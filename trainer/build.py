@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from quipu.trainer.model import Llama, ModelConfig, pad_vocab
+from quipu.trainer.llama import Llama, ModelConfig, pad_vocab
 from quipu.trainer.train_config import LoopConfig, OptimConfig, TrainConfig, TrainConfigError
 
 

@@ -1,4 +1,4 @@
-"""Training and evaluating a fastText document classifier (quipu.trainer.fasttext_classifier) of any
+"""Training and evaluating a fastText document classifier (quipu.scoring.fasttext_classifier) of any
 kind: the quality classifier the `quality` stage applies is the first; the config's `kind` and
 labels make another (a topic or register classifier applied by its own `FastTextFilter` stage).
 The `quality-train` flow (quipu.flows.quality_train, `quipu quality train CONFIG`) runs these steps.
@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quipu.catalog.errors import UserError
 from quipu.tasks.stage import snippet
 from quipu.catalog.files import atomic_path, write_bytes_atomic
-from quipu.trainer.fasttext_classifier import NEGATIVE, POSITIVE, Normalization, load_classifier, normalize_text
-from quipu.trainer.models import QUALITY_KIND
+from quipu.scoring.fasttext_classifier import NEGATIVE, POSITIVE, Normalization, load_classifier, normalize_text
+from quipu.scoring.resolver import QUALITY_KIND
 from quipu.trainer.text_source import SourceError, TextSource, read_source
 
 HIST_BINS = 20

@@ -18,7 +18,7 @@ import torch
 
 from quipu.catalog.files import TMP_PREFIX, default_mode, write_json_atomic
 from quipu.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from quipu.trainer.model import ModelConfig
+from quipu.trainer.llama import ModelConfig
 from quipu.trainer.tokenizer import SMOLLM2_GGUF, TextTokenizer, smollm2_dir
 
 

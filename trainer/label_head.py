@@ -4,7 +4,7 @@ first `layers` transformer blocks, untouched, and one linear head fitted on the 
 The result is an ordinary Hugging Face `LlamaForSequenceClassification` folder (one regression
 output: the predicted 0-5 label), so the `hf_judge` stage applies it like any other classifier, on
 a GPU when there is one. The features the head is fitted on are computed by that same model and the
-judge's own scoring code (quipu.trainer.hf_classifier): the last token's state after the kept
+judge's own scoring code (quipu.scoring.hf_classifier): the last token's state after the kept
 blocks and the final norm (the model's own pooling), so what was fitted is what is applied. The
 model's score layer has no bias: the fitted intercept is stored as
 `score_offset` in config.json and added by quipu's scorer (plain transformers ignores it: its
@@ -113,7 +113,7 @@ def train_label_head(cfg: LabelHeadConfig, log: Callable[[str], None] = print) -
     """Fit the head; the judge folder is written whole or not at all (a temporary folder, renamed)."""
     import torch
 
-    from quipu.trainer.hf_classifier import HfClassifier
+    from quipu.scoring.hf_classifier import HfClassifier
     t0 = time.perf_counter()
     rows = read_labels(cfg.labels)
     if len(rows) < 10:

@@ -62,7 +62,7 @@ SHAPES = [(32, 1, 2), (48, 2, 2), (64, 2, 2), (96, 3, 3), (128, 4, 4), (192, 4, 
 
 def model_params(dim: int, n_layers: int, vocab_size: int, ffn_dim: int | None = None, kv_dim: int | None = None,
                  tie_embeddings: bool = True) -> int:
-    """Parameters of trainer.model.Llama (SwiGLU of 8/3·dim rounded up to 64 unless given)."""
+    """Parameters of trainer.llama.Llama (SwiGLU of 8/3·dim rounded up to 64 unless given)."""
     ffn = ffn_dim or 64 * math.ceil(8 * dim / 3 / 64)
     kv = kv_dim or dim
     vocab = 64 * math.ceil(vocab_size / 64)
@@ -92,7 +92,7 @@ def measure_train_flops(model: dict, vocab_size: int, seq_len: int, micro_batch:
 
     import torch
 
-    from quipu.trainer.model import Llama, ModelConfig, pad_vocab
+    from quipu.trainer.llama import Llama, ModelConfig, pad_vocab
     if threads:
         torch.set_num_threads(threads)
     cfg = ModelConfig(vocab_size=pad_vocab(vocab_size), max_seq_len=seq_len, **model)

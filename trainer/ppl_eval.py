@@ -1,4 +1,4 @@
-"""`quipu ppl eval`: how well a distilled student (quipu.trainer.wayra) and KenLM rank documents as the
+"""`quipu ppl eval`: how well a distilled student (quipu.scoring.wayra) and KenLM rank documents as the
 teacher LLM does, and how fast each is, measured in one run on held-out documents.
 
 `evaluate` gives Spearman/Pearson of the student's (and KenLM's) log-perplexity with the teacher's,
@@ -71,9 +71,9 @@ def evaluate(student_dir: str, input_path: str, teacher_cfg: TeacherConfig, kenl
 
     import torch
 
-    from quipu.trainer.kenlm_model import KenLMError, load_kenlm, resolve_kenlm
+    from quipu.scoring.kenlm_model import KenLMError, load_kenlm, resolve_kenlm
     from quipu.trainer.teacher import LabelCache
-    from quipu.trainer.wayra import StudentError, WayraStudent
+    from quipu.scoring.wayra import StudentError, WayraStudent
     from quipu.trainer.wayra_train import pearson, spearman
     if threads:
         torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ full (batch x 512 x 49k) logits tensor costs gigabytes; bf16 autocast on a CPU w
 Labels are cached in the catalog's kv table keyed by (teacher fingerprint, text hash, max_tokens),
 so the same document is never labelled twice by the same teacher. Besides the document's mean, the
 cache keeps every token's NLL (namespace `<labels>:tokens`): a student that reads the teacher's tokens learns
-from those, hundreds of targets per document instead of one (trainer/wayra.py).
+from those, hundreds of targets per document instead of one (scoring/wayra.py).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Callable, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.catalog.errors import UserError
+from quipu.scoring.model_files import weights_fingerprint
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LABEL_NAMESPACE = "ppl_teacher_labels"
@@ -57,19 +58,6 @@ def resolve_teacher_path(path: str | None) -> Path:
     if p.is_dir() and not (p / "config.json").exists():
         raise TeacherError(f"teacher model {p}: directory has no config.json (not a HF model directory)")
     return p
-
-
-def teacher_fingerprint(path: Path) -> str:
-    """Content hash of the weights (and config): a retrained teacher at the same path gets new labels."""
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(
-        f for f in path.iterdir() if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".gguf"))
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while block := fh.read(1 << 22):
-                h.update(block)
-    return h.hexdigest()[:24]
 
 
 def text_hash(text: str) -> str:
@@ -105,14 +93,14 @@ class Teacher:
     def __init__(self, path: str | None = None, settings: TeacherSettings | None = None):
         self.path = resolve_teacher_path(path)
         self.settings = settings or TeacherSettings()
-        self.fingerprint = teacher_fingerprint(self.path)
+        self.fingerprint = weights_fingerprint(self.path)
         self.model, self.tokenizer = self._load()
 
     def _load(self):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from quipu.trainer.wayra import StudentError, resolve_device
+        from quipu.scoring.wayra import StudentError, resolve_device
         try:
             self.device = resolve_device(self.settings.device)
         except StudentError as e:
@@ -156,7 +144,7 @@ class Teacher:
 
     def token_nll(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[list[float]]:
         """Each text's per-token NLLs (nats) of tokens 1..max_tokens after BOS; [] for an empty text."""
-        from quipu.trainer.wayra import length_batches
+        from quipu.scoring.wayra import length_batches
         encoded = self.encode(texts)
         result: list[list[float]] = [[] for _ in texts]
         on_gpu = self.device.type == "cuda"
@@ -174,7 +162,7 @@ class Teacher:
         import torch
         import torch.nn.functional as F
 
-        from quipu.trainer.wayra import autocast, pad_batch
+        from quipu.scoring.wayra import autocast, pad_batch
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(s) for s in seqs)
         ids, mask = pad_batch(seqs, pad, self.device)

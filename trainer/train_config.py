@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from quipu.trainer.bpb import TaskFile
 from quipu.trainer.checkpoint import CheckpointConfig
 from quipu.trainer.data import BlendError, DataConfig
-from quipu.trainer.model import ModelConfig
+from quipu.trainer.llama import ModelConfig
 from quipu.trainer.tokenizer import TokenizerConfig
 
 

@@ -1,4 +1,4 @@
-"""Distilling a teacher LLM's perplexity into a Wayra student (quipu.trainer.wayra): settings, the
+"""Distilling a teacher LLM's perplexity into a Wayra student (quipu.scoring.wayra): settings, the
 training data, the model with its parameter groups, the two training passes and the loop.
 
 `distill(texts, labels, arch, settings)` returns the best-on-validation student and its metrics.
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.trainer.wayra import (BOS, PAD, Device, StudentError, WayraArch, WayraModel, WayraStudent, encode,
+from quipu.scoring.wayra import (BOS, PAD, Device, StudentError, WayraArch, WayraModel, WayraStudent, encode,
                                  length_batches,
                                  load_teacher_layers, pad_batch, pca_embeddings, resolve_device, teacher_tokenizer,
                                  train_tokenizer)

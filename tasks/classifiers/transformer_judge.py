@@ -2,7 +2,7 @@
 document (FineWeb-Edu's classifier for English, FinePDFs' educational classifiers for Spanish and
 Portuguese, or a head quipu trained on frozen SmolLM2 layers from LLM labels, `quipu label`).
 
-Adds `hf_judge_score`: the model's output as its head makes it (quipu.trainer.hf_classifier: the
+Adds `hf_judge_score`: the model's output as its head makes it (quipu.scoring.hf_classifier: the
 logit of a regression head, FineWeb-Edu's 0-5; a classification head's expected class value or one
 named label's probability). `model` is one folder or one per language
 (`{default: off, en: models/fineweb-edu, es: models/finepdfs-edu-es}`): a language without a model
@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 
 from quipu.tasks.per_language import PerLanguage, languages_named, resolve
 from quipu.tasks.score_filter import ScoreFilter, ScoreFilterConfig
-from quipu.trainer.hf_classifier import Head, HfClassifier, check_folder, load_hf_classifier
+from quipu.scoring.hf_classifier import Head, HfClassifier, check_folder, load_hf_classifier
 
 
 class HfJudgeConfig(ScoreFilterConfig):

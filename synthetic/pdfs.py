@@ -182,7 +182,7 @@ def _image_only(pdf: bytes, dpi: int) -> bytes:
 def prose(lang: str, n_paragraphs: int, seed: int = 0, min_words: int = 40) -> list[str]:
     """Paragraphs of real prose in `lang` from the demo's sources (Python's reference for English,
     Django's and Apprise's translation catalogues for Spanish and Portuguese), picked by `seed`."""
-    from quipu.demo import sources
+    from quipu.synthetic import sources
     arts = sources.python_reference_articles() if lang == "en" else sources.catalogue_articles(lang)
     paras = sorted({b.text for a in arts for b in a.blocks
                     if b.tag == "p" and len(b.text.split()) >= min_words and "`" not in b.text})

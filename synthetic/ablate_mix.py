@@ -1,5 +1,5 @@
 """A realistic raw mix for `quipu ablate`, built from real text files (`../shared/data/text`) the
-way the demo corpus is built (demo/corpus.py): part of the documents rendered as web pages (cookie
+way the demo corpus is built (synthetic/corpus.py): part of the documents rendered as web pages (cookie
 banner, navigation, sidebar, footer around the text) in WARC files, the rest as JSONL text dumps,
 plus the junk a crawl brings: exact copies under other URLs, near-duplicates (1-3 words changed),
 first-sentence stubs, word salad, keyboard noise, spam, boilerplate-only pages, and whatever
@@ -25,8 +25,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from quipu.catalog.files import atomic_path, read_json, sha256_file, sha256_json, write_json_atomic
-from quipu.demo.corpus import Doc, DocumentPlan, JsonlPackager, PageRenderer, Site, WarcPackager, slug
-from quipu.demo.sources import Block
+from quipu.synthetic.corpus import Doc, DocumentPlan, JsonlPackager, PageRenderer, Site, WarcPackager, slug
+from quipu.synthetic.sources import Block
 from quipu.trainer.text_source import TextSource, read_source
 
 MIX_VERSION = 1
@@ -82,7 +82,7 @@ def plan_documents(cfg: RawMixConfig) -> list[Doc]:
         k = max(1, round(len(recs) * cfg.scale))
         picked = sorted(rng.sample(range(len(recs)), min(k, len(recs))))
         articles += [_article(recs[i], src, i) for i in picked]
-    # demo/corpus.py's junk makers, fed with these articles
+    # synthetic/corpus.py's junk makers, fed with these articles
     junk = DocumentPlan(1.0, rng.randrange(2**32))
     n = {kind: round(share * len(articles)) for kind, share in cfg.junk.model_dump().items()}
     long_articles = [d for d in articles if len(d.plain().split()) >= 150] or articles

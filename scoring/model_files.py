@@ -10,10 +10,13 @@ loader sees it, then loaded once in a child process, so that a file the loader w
   probe text (a model that would keep or remove everything alike), is a `ModelFileError`.
 - `load_fasttext(path, positive)`: the check, then the load in this process (the one loader).
 `check_kenlm(path)` loads a KenLM file in a child the same way. Run as
-`python -m quipu.trainer.model_files PATH [LABEL]` (or `--kenlm PATH`) it is that child.
+`python -m quipu.scoring.model_files PATH [LABEL]` (or `--kenlm PATH`) it is that child.
+`weights_fingerprint(path)` names a model file's or folder's content (the teacher's labels and an HF
+judge's scores are keyed by it).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -22,6 +25,7 @@ import struct
 import subprocess
 import sys
 from functools import lru_cache
+from pathlib import Path
 
 from quipu.catalog.errors import UserError
 
@@ -166,13 +170,27 @@ def fasttext_problem(path: str) -> str | None:
     return None
 
 
+def weights_fingerprint(path: Path) -> str:
+    """Content hash of a model's weights (and config), a file or a HF directory: a model retrained at the
+    same path gets a new fingerprint (the teacher's labels, a judge's scores)."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(
+        f for f in path.iterdir() if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".gguf"))
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()[:24]
+
+
 def _run_child(args: list[str], path: str, what: str) -> dict:
-    """Load a model in a child (`python -m quipu.trainer.model_files ARGS`): its JSON answer, or a
+    """Load a model in a child (`python -m quipu.scoring.model_files ARGS`): its JSON answer, or a
     ModelFileError for a crash, a timeout or an error, naming the file."""
     limit = CHILD_MEMORY_BYTES + 2 * os.path.getsize(path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
-        p = subprocess.run([sys.executable, "-m", "quipu.trainer.model_files", *args], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "quipu.scoring.model_files", *args], capture_output=True, text=True,
                            timeout=CHILD_TIMEOUT_S, env=env, preexec_fn=lambda: _limit_memory(limit))
     except subprocess.TimeoutExpired:
         raise ModelFileError(f"{what} {path}: loading it took over {CHILD_TIMEOUT_S} s") from None
@@ -194,7 +212,7 @@ def _run_child(args: list[str], path: str, what: str) -> dict:
 
 def _limit_memory(limit: int) -> None:     # runs in the child, before exec
     import resource
-    from quipu.tasks.child_worker import die_with_parent
+    from quipu.catalog.processes import die_with_parent
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     die_with_parent()
 

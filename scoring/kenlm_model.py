@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from quipu.catalog.errors import UserError
-from quipu.trainer.models import KENLM_KIND, resolve_model
+from quipu.scoring.resolver import KENLM_KIND, resolve_model
 from quipu.catalog.files import atomic_path, read_json, write_json_atomic
 
 NORMALIZATION_VERSION = "ccnet-keep-accents-v1"
@@ -150,7 +150,7 @@ class KenLMScorer:
         if meta.get("normalization", NORMALIZATION_VERSION) != NORMALIZATION_VERSION:
             raise KenLMError(f"KenLM model {self.path} was trained with normalisation "
                              f"{meta.get('normalization')!r}, this code uses {NORMALIZATION_VERSION!r}")
-        from quipu.trainer.model_files import ModelFileError, check_kenlm
+        from quipu.scoring.model_files import ModelFileError, check_kenlm
         try:   # a first load in a child: KenLM aborts the process on some corrupt files
             check_kenlm(str(self.path))
         except ModelFileError as e:

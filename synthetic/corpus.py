@@ -1,4 +1,4 @@
-"""The embedded demo corpus: real text from installed packages (demo/sources.py), packaged as
+"""The embedded demo corpus: real text from installed packages (synthetic/sources.py), packaged as
 a small web crawl (WARC) and two text dumps (JSONL), with the junk real inputs bring.
 
 `build_demo_corpus(out_dir)` writes, deterministically (fixed seed, fixed WARC dates and record ids,
@@ -10,7 +10,7 @@ gzip without timestamps: the same bytes on every build with the same installed p
     raw/text-dump-a.jsonl           plain-text documents: id, url, text, date + extra fields,
                                     and the malformed lines
     raw/text-dump-b.jsonl.gz        the same kind, gzip
-    raw/pdf/*.pdf                   PDFs made here from the same real text (demo/pdfs.py, reportlab):
+    raw/pdf/*.pdf                   PDFs made here from the same real text (synthetic/pdfs.py, reportlab):
                                     a Spanish report in two columns and a Portuguese bulletin in one,
                                     with running headers, page numbers and hyphenation; an English
                                     page scanned (image only: OCR); one locked with a password
@@ -45,8 +45,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from quipu.catalog.files import atomic_path, read_json, sha256_file, write_json_atomic
-from quipu.demo import sources as src
-from quipu.demo.sources import Article, Block
+from quipu.synthetic import sources as src
+from quipu.synthetic.sources import Article, Block
 
 SEED = 20261122
 CORPUS_VERSION = 7                      # bump when the builder changes what it writes
@@ -665,7 +665,7 @@ DEMO_PDFS = (("informe-regional-es.pdf", "pdf", "es", 2, 14), ("boletim-pt.pdf",
 def write_pdfs(out: Path, seed: int) -> list[tuple[Path, dict]]:
     """The demo's PDFs (deterministic bytes: reportlab's invariant mode) and their labels; a PDF's
     id is the one extract gives a file read whole (`stable_id(name, "file")`)."""
-    from quipu.demo.pdfs import make_pdf, prose
+    from quipu.synthetic.pdfs import make_pdf, prose
     from quipu.tasks.reading.records import stable_id
     written = []
     for k, (name, kind, lang, columns, n) in enumerate(DEMO_PDFS):

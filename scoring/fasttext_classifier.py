@@ -82,7 +82,7 @@ class FastTextClassifier:
         self.negative_label = meta.get("negative_label") or NEGATIVE
         self.positive = "__label__" + self.positive_label
         self.sha256 = sha256_file(self.path)
-        from quipu.trainer.model_files import ModelFileError, load_fasttext
+        from quipu.scoring.model_files import ModelFileError, load_fasttext
         try:   # layout, a load in a child process (a crash there is one line), the probe set's scores, the load
             self.model = load_fasttext(self.path, self.positive)
         except ModelFileError as e:

@@ -68,8 +68,8 @@ class HfClassifier:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from quipu.trainer.teacher import teacher_fingerprint
-        from quipu.trainer.wayra import StudentError, resolve_device
+        from quipu.scoring.model_files import weights_fingerprint
+        from quipu.scoring.wayra import StudentError, resolve_device
         self.path = check_folder(path)
         try:
             self.device = resolve_device(device)
@@ -90,7 +90,7 @@ class HfClassifier:
         self.max_batch_tokens = max_batch_tokens
         self.max_length = self._max_length(max_length)
         self.head, self.label_index, self.values = self._head(head, label)
-        self.fingerprint = teacher_fingerprint(self.path)
+        self.fingerprint = weights_fingerprint(self.path)
 
     def _pad_setup(self) -> None:
         """Decoder models (Llama) often lack a pad token: pad with EOS and tell the model which id it is
@@ -159,7 +159,7 @@ class HfClassifier:
         (GPU: by a padded-token budget)."""
         import torch
 
-        from quipu.trainer.wayra import length_batches
+        from quipu.scoring.wayra import length_batches
         encoded = self.encode(texts)
         on_gpu = self.device.type == "cuda"
         batches = length_batches([len(e) for e in encoded], 1 << 20 if on_gpu else self.batch_size,

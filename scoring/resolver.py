@@ -2,8 +2,8 @@
 
 A model reference in a config is a path (file or directory), a catalog name or id, or None for the
 newest model of its kind registered in the catalog. Kinds: the fastText classifiers
-(`<what>-fasttext`, quipu.trainer.fasttext_classifier; the quality classifier is `quality-fasttext`),
-the Wayra student (`wayra`, quipu.trainer.wayra), KenLM (`kenlm`, quipu.trainer.kenlm_model).
+(`<what>-fasttext`, quipu.scoring.fasttext_classifier; the quality classifier is `quality-fasttext`),
+the Wayra student (`wayra`, quipu.scoring.wayra), KenLM (`kenlm`, quipu.scoring.kenlm_model).
 """
 from __future__ import annotations
 
