@@ -122,6 +122,12 @@ def quipu_home() -> Path:
     return Path(os.environ.get("QUIPU_HOME", Path.home() / ".quipu"))
 
 
+def cache_home() -> Path:
+    """Where rebuildable caches live (the URL blocklist's hashes, benchmark indexes, SmolLM2's
+    tokenizer.json): `QUIPU_CACHE` if set, else $QUIPU_HOME/cache. Catalogs can share one."""
+    return Path(os.environ.get("QUIPU_CACHE") or quipu_home() / "cache")
+
+
 def catalog_url() -> str:
     url = os.environ.get("QUIPU_CATALOG_URL")
     if url:

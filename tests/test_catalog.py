@@ -195,6 +195,19 @@ def test_a_catalog_with_a_damaged_page_is_found_before_use(tmp_path, monkeypatch
     assert "\n" not in str(e.value)
 
 
+def test_caches_live_in_quipu_cache_else_in_the_home(tmp_path, monkeypatch):
+    """catalog/db.py cache_home: QUIPU_CACHE when set (the suite shares one across its homes), else
+    $QUIPU_HOME/cache; the decontam index folder follows it."""
+    from quipu.catalog import db
+    from quipu.tasks.decontam import DecontamConfig, cache_dir
+    monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("QUIPU_CACHE", str(tmp_path / "shared-cache"))
+    assert db.cache_home() == tmp_path / "shared-cache"
+    assert cache_dir(DecontamConfig()) == tmp_path / "shared-cache" / "decontam"
+    monkeypatch.delenv("QUIPU_CACHE")
+    assert db.cache_home() == tmp_path / "home" / "cache"
+
+
 def test_a_catalog_from_before_a_column_was_added_gets_the_column(tmp_path):
     import sqlalchemy as sa
 
