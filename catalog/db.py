@@ -122,6 +122,12 @@ def quipu_home() -> Path:
     return Path(os.environ.get("QUIPU_HOME", Path.home() / ".quipu"))
 
 
+def cache_home() -> Path:
+    """Where rebuildable caches live (the URL blocklist's hashes, benchmark indexes, SmolLM2's
+    tokenizer.json): `QUIPU_CACHE` if set, else $QUIPU_HOME/cache. Catalogs can share one."""
+    return Path(os.environ.get("QUIPU_CACHE") or quipu_home() / "cache")
+
+
 def catalog_url() -> str:
     url = os.environ.get("QUIPU_CATALOG_URL")
     if url:
@@ -146,8 +152,9 @@ def _engine_for(url: str) -> sa.Engine:
         if url.startswith("sqlite:///"):
             with engine.connect() as conn:   # a truncated file can pass create_all and fail mid-run
                 bad = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check(3)")]
-            if bad != ["ok"]:
-                raise CatalogUnreadable(unreadable_message(url, "; ".join(map(str, bad))))
+            if bad != ["ok"]:     # SQLite's findings, one line (its rows hold newlines)
+                raise CatalogUnreadable(unreadable_message(url, "; ".join(
+                    line for row in bad for line in str(row).splitlines() if not line.startswith("***"))))
         metadata.create_all(engine)
         add_missing_columns(engine)
     except sa.exc.DBAPIError as e:

@@ -58,7 +58,7 @@ class DecontamConfig(StageConfig):
     policy: Literal["drop", "cut"] = Field("drop", description="drop the document, or cut the matched spans and keep the rest")
     cut_margin_words: int = Field(5, ge=0, description="words removed on each side of a matched span (policy cut)")
     min_words_after_cut: int = Field(20, ge=0, description="a cut document left with fewer words is dropped")
-    cache_dir: str | None = Field(None, description="where built indexes are kept; default $QUIPU_HOME/cache/decontam")
+    cache_dir: str | None = Field(None, description="where built indexes are kept; default $QUIPU_CACHE/decontam ($QUIPU_HOME/cache)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -78,8 +78,8 @@ _LOCK = threading.Lock()
 def cache_dir(cfg: DecontamConfig) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir)
-    from quipu.catalog.db import quipu_home
-    return quipu_home() / "cache" / "decontam"
+    from quipu.catalog.db import cache_home
+    return cache_home() / "decontam"
 
 
 def get_index(cfg: DecontamConfig) -> BenchmarkIndex:

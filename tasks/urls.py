@@ -57,13 +57,13 @@ def _hash(s: str) -> int:
 @lru_cache(maxsize=1)
 def adult_lists() -> tuple[np.ndarray, frozenset[str]]:
     """(sorted xxh64 hashes of the blocklist's domains, its URLs without scheme), once per process.
-    Hashing 4.6 M domains takes seconds, so the array is kept under $QUIPU_HOME/cache, named by the
+    Hashing 4.6 M domains takes seconds, so the array is kept in the cache folder (db.cache_home), named by the
     archive's hash (a datatrove upgrade with a new list builds a new one)."""
     from datatrove.utils._import_utils import ASSETS_PATH
-    from quipu.catalog.db import quipu_home
+    from quipu.catalog.db import cache_home
     from quipu.tasks.dedup_index import save_npy
     archive = Path(ASSETS_PATH) / BLOCKLIST_ARCHIVE
-    cached = quipu_home() / "cache" / f"url-blocklist-{sha256_file(archive)[:16]}.npy"
+    cached = cache_home() / f"url-blocklist-{sha256_file(archive)[:16]}.npy"
     with tarfile.open(archive, "r:gz") as tar:
         urls = tar.extractfile("urls").read().decode("utf-8", "replace").split("\n")
         if cached.exists():

@@ -35,6 +35,12 @@ def _free_port() -> int:
 # Before anything imports prefect: every test session gets its own homes and one API address.
 _PORT = _free_port()
 os.environ["QUIPU_HOME"] = str(_SESSION_TMP / "quipu-home")
+# one cache for the run, whatever QUIPU_HOME a test sets: the blocklist's hashes, SmolLM2's tokenizer
+# and de-quantized weights are built once (seconds to tens of CPU-seconds each). xdist workers inherit
+# the controller's environment, so both use its folder (every entry is renamed into place whole: two
+# workers building one entry both succeed), and the controller's session end removes it.
+os.environ.setdefault("QUIPU_TESTS_CACHE", str(_SESSION_TMP / "quipu-cache"))
+os.environ["QUIPU_CACHE"] = os.environ["QUIPU_TESTS_CACHE"]
 os.environ["PREFECT_HOME"] = str(_SESSION_TMP / "prefect-home")
 os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{_PORT}/api"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"

@@ -14,7 +14,7 @@ import pytest
 from quipu.synthetic.junk import KINDS, junk_documents
 from quipu.flows.config import ConfigError, load_config
 from quipu.tasks.heuristics import HeuristicFilters, HeuristicsConfig
-from tests.conftest import ROOT, quipu_main, run_quipu
+from tests.conftest import ROOT, quipu_main
 from tests.textgen import make_docs, write_jsonl
 
 DEFAULT = ROOT / "configs" / "curate" / "default.yaml"
@@ -201,20 +201,20 @@ def test_calibrate_is_deterministic_and_its_report_agrees_with_the_stage(tmp_pat
 
 
 @pytest.mark.slow
-def test_calibrate_command_writes_config_html_and_json(tmp_path, prefect_server):
+def test_calibrate_command_writes_config_html_and_json(tmp_path, prefect_server, capsys):
     ref = _english_reference(tmp_path)
     out = tmp_path / "cal.yaml"
-    p = run_quipu("calibrate", str(ROOT / "configs" / "curate" / "demo.yaml"), "--reference", str(ref), "--lang", "en",
-                  "--output", str(out), "--flow")
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert quipu_main("calibrate", str(ROOT / "configs" / "curate" / "demo.yaml"), "--reference", str(ref), "--lang", "en",
+                      "--output", str(out), "--flow") == 0
     assert out.is_file() and (tmp_path / "cal.calibration.html").is_file()
     html = (tmp_path / "cal.calibration.html").read_text()
     assert "data:image/png;base64," in html and "fineweb.line_punct_thr" in html
-    removed = re.search(r"en: 80 reference documents, ([0-9.]+ %) removed", p.stdout).group(1)
-    check = run_quipu("calibrate", "--check", str(out), "--reference", str(ref), "--lang", "en",
-                      "--report", str(tmp_path / "check"))
+    removed = re.search(r"en: 80 reference documents, ([0-9.]+ %) removed", capsys.readouterr().out).group(1)
+    assert quipu_main("calibrate", "--check", str(out), "--reference", str(ref), "--lang", "en",
+                      "--report", str(tmp_path / "check")) == 0
     # the report card of the written config says what calibration said it would remove
-    assert check.returncode == 0 and f"80 reference documents, {removed} removed" in check.stdout, check.stdout + check.stderr[-2000:]
+    check = capsys.readouterr().out
+    assert f"80 reference documents, {removed} removed" in check, check
     assert json.loads((tmp_path / "check.calibration.json").read_text())["mode"] == "check"
 
 

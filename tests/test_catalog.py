@@ -167,6 +167,47 @@ def test_a_catalog_that_is_not_a_database_is_one_line_saying_what_to_do(tmp_path
     assert db.catalog_url() == url and db.engine().url.database == str(tmp_path / "elsewhere.db")
 
 
+def test_a_catalog_with_a_damaged_page_is_found_before_use(tmp_path, monkeypatch):
+    """catalog/db.py: a catalog whose schema reads fine but one of whose table pages is damaged
+    (a disk error, a copy cut and patched) is CatalogUnreadable naming SQLite's finding, at open,
+    not as a failure in the middle of a run."""
+    import sqlite3
+
+    from quipu.catalog import db
+    home = tmp_path / "home"
+    monkeypatch.setenv("QUIPU_HOME", str(home))
+    monkeypatch.delenv("QUIPU_CATALOG_URL", raising=False)
+    path = home / "catalog.db"
+    with sqlite3.connect(home.mkdir() or path) as conn:   # a catalog of a few dozen runs: many pages
+        conn.execute("CREATE TABLE runs (id VARCHAR(64) PRIMARY KEY, flow VARCHAR(64) NOT NULL, config TEXT)")
+        conn.executemany("INSERT INTO runs VALUES (?, 'curate', ?)", [(f"run-{i:04d}", "{}" + " " * 300) for i in range(400)])
+        pages, size = conn.execute("PRAGMA page_count").fetchone()[0], conn.execute("PRAGMA page_size").fetchone()[0]
+    assert pages > 10
+    data = bytearray(path.read_bytes())
+    page = pages // 2                        # a leaf of the runs table: its cells overwritten, its header kept
+    data[page * size + 200:(page + 1) * size] = b"\xa5" * (size - 200)
+    path.write_bytes(bytes(data))
+    with sqlite3.connect(path) as conn:      # the label: SQLite opens it and reads its schema, but the page is bad
+        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] >= 1
+        assert conn.execute("PRAGMA quick_check(1)").fetchone()[0] != "ok"
+    with pytest.raises(db.CatalogUnreadable, match=r"catalog database .*catalog.db is unreadable \(On tree page \d+ .*\): move it away") as e:
+        db.engine()
+    assert "\n" not in str(e.value)
+
+
+def test_caches_live_in_quipu_cache_else_in_the_home(tmp_path, monkeypatch):
+    """catalog/db.py cache_home: QUIPU_CACHE when set (the suite shares one across its homes), else
+    $QUIPU_HOME/cache; the decontam index folder follows it."""
+    from quipu.catalog import db
+    from quipu.tasks.decontam import DecontamConfig, cache_dir
+    monkeypatch.setenv("QUIPU_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("QUIPU_CACHE", str(tmp_path / "shared-cache"))
+    assert db.cache_home() == tmp_path / "shared-cache"
+    assert cache_dir(DecontamConfig()) == tmp_path / "shared-cache" / "decontam"
+    monkeypatch.delenv("QUIPU_CACHE")
+    assert db.cache_home() == tmp_path / "home" / "cache"
+
+
 def test_a_catalog_from_before_a_column_was_added_gets_the_column(tmp_path):
     import sqlalchemy as sa
 

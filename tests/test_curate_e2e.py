@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT, quipu_main, run_quipu, start_prefect_server
+from tests.conftest import ROOT, quipu_main, start_prefect_server
 
 CONFIG = "configs/curate/demo.yaml"
 TEXT_FILES = ("en_nltk_abc_news.jsonl", "es_activ_es_subtitles.jsonl", "pt_fakebr_news.jsonl",
@@ -119,7 +119,7 @@ def test_outputs_follow_the_umask_and_report_survives_a_closed_pipe(reference_ru
     assert "Traceback" not in gone.stderr and "Exception ignored" not in gone.stderr, gone.stderr
 
 
-def test_html_report_renders_in_chromium(reference_run, tmp_path):
+def test_html_report_renders_in_chromium(reference_run, tmp_path, capsys):
     """`quipu report RUN --html`: one self-contained page, opened in headless chromium as a person
     would: it renders, its charts load (and nothing is fetched from the network), and the funnel's
     numbers are run.json's."""
@@ -127,11 +127,11 @@ def test_html_report_renders_in_chromium(reference_run, tmp_path):
     require_binary("chromium", "chromium-browser", install="apt-get install chromium")
     from tests.ops_helpers import Chromium
     page_path = tmp_path / "report.html"
-    p = run_quipu("report", str(reference_run), "--html", str(page_path))
-    assert p.returncode == 0 and page_path.is_file(), p.stderr[-2000:]
+    assert quipu_main("report", str(reference_run), "--html", str(page_path)) == 0 and page_path.is_file()
     run = json.loads((reference_run / "run.json").read_text())
-    js = run_quipu("report", str(reference_run), "--json")
-    assert json.loads(js.stdout)["run"]["curated"] == run["curated"]
+    capsys.readouterr()
+    assert quipu_main("report", str(reference_run), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["run"]["curated"] == run["curated"]
     browser = Chromium(tmp_path)
     try:
         page = browser.open(page_path.as_uri())
@@ -215,7 +215,7 @@ def test_kill_and_resume_gives_the_same_bytes(reference_run, inputs, tmp_path):
 
 
 @pytest.mark.slow
-def test_acceptance_run_on_shared_web_and_text(shared_data, tmp_path, prefect_server):
+def test_acceptance_run_on_shared_web_and_text(shared_data, tmp_path, prefect_server, capsys):
     """The issue's acceptance run: every shared WARC plus the shared JSONL. The JSONL part is a
     deterministic subset (the first 250 documents of each file, 2,820 documents) so the suite stays
     within its time budget."""
@@ -235,8 +235,10 @@ def test_acceptance_run_on_shared_web_and_text(shared_data, tmp_path, prefect_se
     assert curated.num_rows > 800
     assert set(curated.column("lang").to_pylist()) <= {"en", "es", "pt"}
     assert any(s.endswith(".warc.gz") for s in curated.column("source").to_pylist())
-    rep = run_quipu("report", str(out))
-    assert rep.returncode == 0 and "extract" in rep.stdout and "heuristics" in rep.stdout
+    capsys.readouterr()
+    assert quipu_main("report", str(out)) == 0
+    rep = capsys.readouterr().out
+    assert rep.startswith("run ") and "extract" in rep and "heuristics" in rep
     check_stage_decisions(out, inputs)
 
 

