@@ -91,6 +91,8 @@ def pytest_sessionfinish(session, exitstatus):
             _server.wait(20)
         except subprocess.TimeoutExpired:
             _server.kill()
+    if "tests.ranks" in sys.modules:       # its fork server's socket lives under _SESSION_TMP
+        sys.modules["tests.ranks"].stop_fork_server()
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 

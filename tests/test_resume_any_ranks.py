@@ -1,18 +1,13 @@
 """Any checkpoint resumes on any number of ranks: a one-file `.pt` (one process, DDP or FSDP
 rank 0) and a sharded DCP folder, resumed on 1 process, on 2 gloo ranks with DDP or FSDP2, with
 the losses of an uninterrupted one-process run. Processes are real (gloo): the ranks of a torchrun
-job (`python -m quipu.flows.train_dist`) started with the environment torchrun gives them, without
-the launcher process (a torch import fewer per job; tests/test_trainer.py runs torchrun itself). The
-model is tiny and the runs 6 steps, so each case costs a few seconds of start-up.
+job (what `python -m quipu.flows.train_dist` runs) with the environment torchrun gives them, without
+the launcher process, forked from a server that imported torch once (tests/ranks.py: no torch import
+per rank; tests/test_trainer.py runs torchrun itself). The model is tiny and the runs 6 steps.
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +16,7 @@ import torch
 from quipu.flows.config import load_config
 from quipu.trainer.checkpoint import list_checkpoints, load_checkpoint
 from quipu.trainer.train import TrainConfig, train
-from tests.ops_helpers import ROOT, free_port
+from tests.ranks import fork_context, launch_ranks
 from tests.test_trainer import base_config, losses, new_run, prepared  # noqa: F401  (prepared: the fixture)
 
 OVER = {"train.max_steps": 6, "checkpoint.every": 3, "checkpoint.keep_last": 2, "eval.every": 100,
@@ -40,38 +35,6 @@ def uninterrupted(prepared, tmp_path_factory) -> list[float]:
 
 def one_process(run, resume=False, **over):
     return train(load_config(TrainConfig, data=base_config(run, **OVER, **over)), run, resume=resume)
-
-
-def launch_ranks(n: int, cfg: dict, tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node n -m quipu.flows.train_dist CFG ARGS` without torchrun's launcher:
-    each rank started with the environment torchrun gives it; a rank that fails ends the others
-    (as torchrun does). Returns the ranks' outputs joined and the first failing return code."""
-    cfg_path = tmp_path / f"cfg-{abs(hash(cfg['output']))}.json"
-    cfg_path.write_text(json.dumps(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
-    logs = [(open(tmp_path / f"rank-{r}.out", "w+"), open(tmp_path / f"rank-{r}.err", "w+")) for r in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-m", "quipu.flows.train_dist", str(cfg_path), *args], cwd=ROOT,
-                              stdout=o, stderr=e, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r, (o, e) in enumerate(logs)]
-    deadline = time.time() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    out, err = [], []
-    for o, e in logs:
-        o.seek(0), e.seek(0)
-        out.append(o.read()), err.append(e.read())
-        o.close(), e.close()
-    rc = next((p.returncode for p in procs if p.returncode != 0), 0)
-    return subprocess.CompletedProcess(procs[0].args, rc, "".join(out), "".join(err))
 
 
 def ranks(n, run, tmp_path, *args, **over):
@@ -157,7 +120,9 @@ def test_spawned_processes_with_their_own_group_resume_a_one_file_checkpoint(pre
     run = new_run(prepared, tmp_path, "spawned")
     one_process(run, **{"train.stop_at_step": 3})
     cfg = base_config(run, **OVER, **{"distributed.strategy": "fsdp"})
-    mp.spawn(_spawned_rank, args=(str(run), cfg, str(tmp_path / "pg-init")), nprocs=2, join=True)
+    fork_context()      # started from the fork server that imported torch and the trainer (tests/ranks.py)
+    mp.start_processes(_spawned_rank, args=(str(run), cfg, str(tmp_path / "pg-init")), nprocs=2, join=True,
+                       start_method="forkserver")
     assert_same_after(run, uninterrupted)
     ck = list_checkpoints(run)[-1]
     assert ck.is_dir() and sorted(p.name for p in ck.iterdir()) == ["rng-0.pt", "rng-1.pt", "state", "trainer.pt"]

@@ -27,6 +27,7 @@ from quipu.trainer.data import BlendError, Batcher, resolve_phase_starts
 from quipu.trainer.llama import Llama, ModelConfig
 from quipu.trainer.prepare import prepare, resolve_sources
 from quipu.trainer.train import TrainConfig, plan_data, load_sources, train
+from tests.ranks import config_file, launch_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -560,23 +561,20 @@ def ck_tok_bos(run: Path) -> int:
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(prepared, tmp_path):
-    """Same global batch on 1 and 2 gloo processes (DDP and FSDP2): same loss curve within 1e-4 relative."""
-    cfg_path = tmp_path / "cfg.json"   # JSON is YAML
+    """Same global batch on 1 and 2 gloo processes (DDP under torchrun, FSDP2): same loss curve
+    within 1e-4 relative. (The one process runs here; FSDP2's ranks as tests/ranks.py starts them.)"""
     over = {"train.max_steps": 20, "eval.every": 100, "checkpoint.every": 100, "train.batch_size": 4, "train.micro_batch": 2}
-    curves = {}
-    for i, (n, strategy) in enumerate(((1, "ddp"), (2, "ddp"), (2, "fsdp"))):
-        run = new_run(prepared, tmp_path, f"{strategy}{n}")
-        cfg_path.write_text(json.dumps(base_config(run, **over, **{"distributed.strategy": strategy})))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-               "--master_port", str(29500 + 10 * i + os.getpid() % 1000), "-m", "quipu.flows.train_dist", str(cfg_path)]
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert r.returncode == 0, r.stderr[-3000:]
-        curves[(n, strategy)] = losses(run)
-    base = curves[(1, "ddp")]
+    one = new_run(prepared, tmp_path, "one")
+    train(load_config(TrainConfig, data=base_config(one, **over)), one)
+    base = losses(one)
     assert len(base) == 20
-    np.testing.assert_allclose(curves[(2, "ddp")], base, rtol=1e-4)
-    np.testing.assert_allclose(curves[(2, "fsdp")], base, rtol=1e-4)   # FSDP2 (fully_shard) as well
+    ddp, fsdp = new_run(prepared, tmp_path, "ddp2"), new_run(prepared, tmp_path, "fsdp2")
+    r = torchrun(2, base_config(ddp, **over, **{"distributed.strategy": "ddp"}), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    np.testing.assert_allclose(losses(ddp), base, rtol=1e-4)
+    r = launch_ranks(2, base_config(fsdp, **over, **{"distributed.strategy": "fsdp"}), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    np.testing.assert_allclose(losses(fsdp), base, rtol=1e-4)   # FSDP2 (fully_shard) as well
 
 
 # ---- command line ------------------------------------------------------------------------------------
@@ -596,11 +594,11 @@ def test_cli_blend_errors_fail_before_training(prepared, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_plan_command():
-    r = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "256",
-                        "--peak-flops", "1.979e15", "--mfu", "0.5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "8.400e+23 FLOPs" in r.stdout and "38.38 days" in r.stdout
+def test_plan_command(capsys):
+    from quipu.flows.cli import main
+    assert main(["plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "256", "--peak-flops", "1.979e15", "--mfu", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "8.400e+23 FLOPs" in out and "38.38 days" in out
     from quipu.trainer.plan import chinchilla_optimal
     n, d = chinchilla_optimal(6 * 70e9 * 1.4e12)
     assert n == pytest.approx(70e9) and d == pytest.approx(1.4e12)
@@ -694,8 +692,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def torchrun(nproc: int, cfg: dict, tmp_path: Path, *args: str, script: str | None = None) -> subprocess.CompletedProcess:
-    cfg_path = tmp_path / f"cfg-{abs(hash(cfg['output']))}.json"
-    cfg_path.write_text(json.dumps(cfg))
+    cfg_path = config_file(cfg, tmp_path)
     target = [script] if script else ["-m", "quipu.flows.train_dist"]
     port = 29000 + (os.getpid() * 7 + len(cfg["output"]) * 13 + nproc) % 3000
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
@@ -705,15 +702,15 @@ def torchrun(nproc: int, cfg: dict, tmp_path: Path, *args: str, script: str | No
 
 @pytest.mark.slow
 def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
-    """FSDP2 on 2 gloo ranks, DCP checkpoints every 2 steps. Rank 1 is SIGKILLed while writing step 6:
-    step 4 stays the newest checkpoint; resuming it on 2 ranks and on 1 process (2 -> 1), and a
-    1-process sharded step 4 resumed on 2 ranks (1 -> 2), all reach step 8 with the losses of the
-    uninterrupted 2-rank run within 1e-5."""
+    """FSDP2 on 2 gloo ranks, DCP checkpoints every 2 steps. Rank 1 is SIGKILLed while writing step 6
+    (under torchrun): step 4 stays the newest checkpoint; resuming it on 2 ranks and on 1 process
+    (2 -> 1), and a 1-process sharded step 4 resumed on 2 ranks (1 -> 2), all reach step 8 with the
+    losses of the uninterrupted 2-rank run within 1e-5. (Ranks but the killed run's: tests/ranks.py.)"""
     from quipu.trainer.checkpoint import list_checkpoints
     over = {"train.max_steps": 8, "checkpoint.every": 2, "checkpoint.keep_last": 2, "eval.every": 100,
             "eval.sample_tokens": 0, "distributed.strategy": "fsdp"}
     straight = new_run(prepared, tmp_path, "dcp-straight")
-    r = torchrun(2, base_config(straight, **over), tmp_path)
+    r = launch_ranks(2, base_config(straight, **over), tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     base = losses(straight)
     assert len(base) == 8 and sorted(p.name for p in (straight / "checkpoints" / "step-0000008").iterdir()) == \
@@ -730,7 +727,7 @@ def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
     on_one = tmp_path / "dcp-killed-1"
     shutil.copytree(killed, on_one)
 
-    r = torchrun(2, base_config(killed, **over, **{"checkpoint.async_save": True}), tmp_path, "--resume")
+    r = launch_ranks(2, base_config(killed, **over, **{"checkpoint.async_save": True}), tmp_path, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not partial[0].exists()                            # cleaned up on the next start
     assert [p.name for p in list_checkpoints(killed)] == ["step-0000006", "step-0000008"]   # async saves, in place
@@ -742,7 +739,7 @@ def test_sharded_checkpoint_reshards_and_survives_a_kill(prepared, tmp_path):
     from_one = new_run(prepared, tmp_path, "dcp-from-1")                                        # 1 -> 2
     train(load_config(TrainConfig, data=base_config(from_one, **over, **{"train.stop_at_step": 4,
                                                                           "checkpoint.format": "sharded"})), from_one)
-    r = torchrun(2, base_config(from_one, **over), tmp_path, "--resume")
+    r = launch_ranks(2, base_config(from_one, **over), tmp_path, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     np.testing.assert_allclose(losses(from_one), base, rtol=0, atol=1e-5)
 
