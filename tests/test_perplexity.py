@@ -596,23 +596,19 @@ def test_curate_with_perplexity_stage_and_curriculum_order(tmp_path, prefect_ser
     assert ppl == sorted(ppl) and len(ppl) == 40
 
 
-def _quipu(*args: str):
-    """The CLI without the session's Prefect server: these commands fail before any flow runs."""
-    import os
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-m", "quipu.flows.cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PREFECT_API_URL": ""})
-
-
-def test_cli_missing_models_fail_before_reading(tmp_path, tiny_student):
-    r = _quipu("ppl", "eval", "--student", str(tmp_path / "nope"), "--input", str(tmp_path / "missing.jsonl"),
-                  "--out", str(tmp_path / "r.json"))
-    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+def test_cli_missing_models_fail_before_reading(tmp_path, tiny_student, capsys):
+    """One line naming the missing model, exit 2, before any document is read (the CLI in this process)."""
+    from tests.conftest import quipu_main
+    assert quipu_main("ppl", "eval", "--student", str(tmp_path / "nope"), "--input", str(tmp_path / "missing.jsonl"),
+                      "--out", str(tmp_path / "r.json")) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "Traceback" not in err
     (tmp_path / "docs.jsonl").write_text('{"text": "hello"}\n')
-    r = _quipu("ppl", "eval", "--student", str(tiny_student[0]), "--input", str(tmp_path / "docs.jsonl"),
-                  "--teacher", str(tmp_path / "no-teacher"), "--out", str(tmp_path / "r.json"))
-    assert r.returncode == 2 and "no-teacher" in r.stderr and "Traceback" not in r.stderr
+    assert quipu_main("ppl", "eval", "--student", str(tiny_student[0]), "--input", str(tmp_path / "docs.jsonl"),
+                      "--teacher", str(tmp_path / "no-teacher"), "--out", str(tmp_path / "r.json")) == 2
+    err = capsys.readouterr().err
+    assert "no-teacher" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
 
 
 # ---- distill flow with the tiny teacher ----------------------------------------------------------

@@ -110,17 +110,18 @@ def test_missing_or_corrupt_model_names_the_path(tmp_path):
         resolve_model("no-such-model")
 
 
-def test_curate_with_corrupt_model_fails_before_reading(tmp_path, prefect_server):
-    from tests.conftest import run_quipu
+def test_curate_with_corrupt_model_fails_before_reading(tmp_path, prefect_server, capsys):
+    from tests.conftest import quipu_main
     bad = tmp_path / "model.bin"
     bad.write_bytes(b"\0" * 64)
     data = tmp_path / "in.jsonl"
     data.write_text(json.dumps({"id": "a", "text": "some text"}) + "\n")
     out = tmp_path / "run"
-    r = run_quipu("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(data), "--output", str(out),
-                  "--set", "quality.enabled=true", "--set", f"quality.model={bad}", timeout=300)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert str(bad) in r.stderr and "Traceback" not in r.stderr
+    code = quipu_main("curate", str(ROOT / "configs/curate/demo.yaml"), "--input", str(data), "--output", str(out),
+                      "--set", "quality.enabled=true", "--set", f"quality.model={bad}")
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert str(bad) in err and "Traceback" not in err
     assert not (out / "extract").exists()     # nothing was read
 
 
