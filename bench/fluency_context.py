@@ -98,13 +98,14 @@ def lm_scorer(window: int, max_tokens: int = 64, path: str | None = None, device
         ok = (j <= i) & ((i - j < w) | (j == 0))      # BOS stays in view (the attention sink)
         return torch.where(ok, 0.0, torch.finfo(torch.float32).min)[None, None]
 
-    def score(text: str) -> float:
+    def score(text: str, parts: bool = False):
         ids = torch.tensor([[tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"][:max_tokens]], device=dev)
         n = ids.shape[1]
         with torch.no_grad():
             logits = model(ids.repeat(2, 1), attention_mask=torch.cat([band(n, n), band(n, window)])).logits
         lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids.repeat(2, 1)[:, 1:, None])[..., 0]
-        return float((lp[0, window:] - lp[1, window:]).mean())      # positions where the window cuts context
+        full, cut = -float(lp[0, window:].mean()), -float(lp[1, window:].mean())   # where the window cuts context
+        return (cut - full, full, cut) if parts else cut - full
     return score
 
 
@@ -128,7 +129,8 @@ def score_prepared(src: str, dump: str, args, deadline: float = float("inf")) ->
         rows = [json.loads(line) for line in fh]
     groups: dict[tuple[str, str], dict[str, list[float]]] = {}
     for r in rows:
-        groups.setdefault((r["lang"], r["held"]), {"prose": [], "demo": [], "backoff": []})
+        groups.setdefault((r["lang"], r["held"]), {k: [] for k in ("prose", "demo", "backoff")}
+                          | {f"{k}_{x}": [] for k in ("prose", "demo", "backoff") for x in ("full", "window")})
     lm = lm_scorer(args.window, args.tokens, args.model or None, args.device)
     done = 0
     for (lang, held), out in groups.items():
@@ -137,11 +139,14 @@ def score_prepared(src: str, dump: str, args, deadline: float = float("inf")) ->
             break
         for r in rows:
             if (r["lang"], r["held"]) == (lang, held):
-                out[r["kind"]].append(lm(r["text"]))
+                gain, full, cut = lm(r["text"], parts=True)     # the losses too: other signals from one pass
+                out[r["kind"]].append(gain)
+                out[r["kind"] + "_full"].append(full)
+                out[r["kind"] + "_window"].append(cut)
         with open(dump, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"lang": lang, "held": held, **out}) + "\n")
         done += 1
-        print(f"{lang} {held}: {sum(map(len, out.values()))} scored, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
+        print(f"{lang} {held}: {sum(len(out[k]) for k in ('prose', 'demo', 'backoff'))} scored, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
     return done
 
 
@@ -204,11 +209,19 @@ def run_lang(lang: str, args) -> list[str]:
     return rows
 
 
-def dump_table(path: str, percentile: float) -> list[str]:
+# a --dump file's signals (higher = more prose-like): the gain, the gain relative to the windowed loss,
+# minus the whole-prefix loss (perplexity), minus the windowed loss; the last three need --score-from's losses
+DUMP_SIGNALS = {"gain": lambda r, k: r[k], "rel_gain": lambda r, k: list(np.array(r[k]) / np.array(r[k + "_window"])),
+                "neg_loss": lambda r, k: [-x for x in r[k + "_full"]], "neg_window_loss": lambda r, k: [-x for x in r[k + "_window"]]}
+
+
+def dump_table(path: str, percentile: float, signal: str = "gain") -> list[str]:
     """The `lm_gain` table from a --dump file: each source cut at the `percentile` of the OTHER sources'
     prose, pooled over languages (SmolLM2 is one model for all three) and of its own language alone."""
-    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
-    out = ["| lang | held-out source | prose / demo / backoff docs | median gain: prose / demo / backoff | cut-off, other sources "
+    raw = [json.loads(line) for line in open(path, encoding="utf-8")]
+    rows = [{"lang": r["lang"], "held": r["held"], **{k: DUMP_SIGNALS[signal](r, k) for k in ("prose", "demo", "backoff")}}
+            for r in raw]
+    out = ["| lang | held-out source | prose / demo / backoff docs | median signal: prose / demo / backoff | cut-off, other sources "
            "all languages (nats) | prose kept / demo removed / backoff removed | cut-off, other sources same language "
            "| prose kept / demo removed / backoff removed |", "|---|---|---|---|---:|---|---:|---|"]
     for r in rows:
@@ -236,6 +249,7 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--dump", default="", help="--lm: append each source's scores (JSON lines) to this file")
     ap.add_argument("--table-from", default="", help="print the lm_gain table of a --dump file and stop")
+    ap.add_argument("--signal", default="gain", choices=sorted(DUMP_SIGNALS), help="--table-from: which signal")
     ap.add_argument("--tokens", type=int, default=64, help="--lm: tokens of each document scored")
     ap.add_argument("--prepare", default="", help="write every source's texts (--lm N a class) as JSON lines and stop")
     ap.add_argument("--score-from", default="", help="score a --prepare file's texts into --dump and stop")
@@ -243,7 +257,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="--score-from: cpu, cuda or auto")
     args = ap.parse_args()
     if args.table_from:
-        print("\n".join(dump_table(args.table_from, args.percentile)))
+        print("\n".join(dump_table(args.table_from, args.percentile, args.signal)))
         return 0
     if args.prepare:
         prepare(args.prepare, args.langs.split(","), args.lm or 50)
