@@ -21,6 +21,8 @@ sources' prose scores; `+burst`: removed by the signal OR the shipped burstiness
     .venv/bin/python bench/fluency_context.py [--langs en,es,pt]                      # the cheap signals
     .venv/bin/python bench/fluency_context.py --lm 6 --dump lm.jsonl [--lm-sources en_nltk_abc_news,...]
     .venv/bin/python bench/fluency_context.py --table-from lm.jsonl                   # the lm_gain table
+    .venv/bin/python bench/fluency_context.py --lm 50 --prepare texts.jsonl           # texts to score elsewhere
+    python bench/fluency_context.py --score-from texts.jsonl --tokens 256 --device cuda --model M.gguf --dump lm.jsonl
 """
 from __future__ import annotations
 
@@ -83,26 +85,69 @@ def samples(lang: str, held: str, texts: list[str], per_kind: int) -> dict[str, 
 
 
 @lru_cache(maxsize=1)
-def lm_scorer(window: int, max_tokens: int = 64):
-    """SmolLM2's mean per-token loss with `window` tokens of context minus with the whole prefix (nats)."""
+def lm_scorer(window: int, max_tokens: int = 64, path: str | None = None, device: str = "cpu"):
+    """SmolLM2's mean per-token loss with `window` tokens of context minus with the whole prefix (nats),
+    in float32 on any device (a GPU gives the CPU's numbers up to kernel rounding)."""
     import torch
-    from quipu.trainer.teacher import Teacher
-    teacher = Teacher(None)
-    model, tok = teacher.model, teacher.tokenizer
+    from quipu.trainer.teacher import Teacher, TeacherSettings
+    teacher = Teacher(path, TeacherSettings(device=device))
+    model, tok, dev = teacher.model.float(), teacher.tokenizer, teacher.device
 
     def band(n: int, w: int):
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        i, j = torch.arange(n, device=dev)[:, None], torch.arange(n, device=dev)[None, :]
         ok = (j <= i) & ((i - j < w) | (j == 0))      # BOS stays in view (the attention sink)
         return torch.where(ok, 0.0, torch.finfo(torch.float32).min)[None, None]
 
-    def score(text: str) -> float:
-        ids = torch.tensor([[tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"][:max_tokens]])
+    def score(text: str, parts: bool = False):
+        ids = torch.tensor([[tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"][:max_tokens]], device=dev)
         n = ids.shape[1]
         with torch.no_grad():
             logits = model(ids.repeat(2, 1), attention_mask=torch.cat([band(n, n), band(n, window)])).logits
         lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids.repeat(2, 1)[:, 1:, None])[..., 0]
-        return float((lp[0, window:] - lp[1, window:]).mean())      # positions where the window cuts context
+        full, cut = -float(lp[0, window:].mean()), -float(lp[1, window:].mean())   # where the window cuts context
+        return (cut - full, full, cut) if parts else cut - full
     return score
+
+
+def prepare(path: str, langs: list[str], per_kind: int, max_chars: int = 4000) -> None:
+    """Every source's prose and generated texts (`per_kind` a class) as JSON lines {lang, held, kind, text}:
+    generation needs quipu and the shared data, scoring only torch (--score-from, e.g. on a GPU machine)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for lang in langs:
+            texts = {n: texts_of(n, lang) for n in SIGNAL_SOURCES[lang] if not n.startswith("django")}
+            for held, v in texts.items():
+                for kind, docs in samples(lang, held, v, per_kind).items():
+                    for t in docs[:per_kind]:   # ~4 characters a token: max_chars keeps 256 tokens and more
+                        fh.write(json.dumps({"lang": lang, "held": held, "kind": kind, "text": t[:max_chars]}, ensure_ascii=False) + "\n")
+                print(f"{lang} {held}: prepared, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
+
+
+def score_prepared(src: str, dump: str, args, deadline: float = float("inf")) -> int:
+    """--score-from: each (lang, source) group's lm_gain, appended to `dump` as soon as it is scored."""
+    import gzip
+    with (gzip.open if src.endswith(".gz") else open)(src, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in rows:
+        groups.setdefault((r["lang"], r["held"]), {k: [] for k in ("prose", "demo", "backoff")}
+                          | {f"{k}_{x}": [] for k in ("prose", "demo", "backoff") for x in ("full", "window")})
+    lm = lm_scorer(args.window, args.tokens, args.model or None, args.device)
+    done = 0
+    for (lang, held), out in groups.items():
+        if time.time() > deadline:
+            print(f"deadline: stopped before {lang} {held}", file=sys.stderr, flush=True)
+            break
+        for r in rows:
+            if (r["lang"], r["held"]) == (lang, held):
+                gain, full, cut = lm(r["text"], parts=True)     # the losses too: other signals from one pass
+                out[r["kind"]].append(gain)
+                out[r["kind"] + "_full"].append(full)
+                out[r["kind"] + "_window"].append(cut)
+        with open(dump, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"lang": lang, "held": held, **out}) + "\n")
+        done += 1
+        print(f"{lang} {held}: {sum(len(out[k]) for k in ('prose', 'demo', 'backoff'))} scored, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
+    return done
 
 
 def cell(prose: np.ndarray, gen: dict[str, np.ndarray], cut: float, burst=None) -> str:
@@ -120,7 +165,7 @@ def run_lang(lang: str, args) -> list[str]:
     texts = {n: texts_of(n, lang) for n in SIGNAL_SOURCES[lang]}
     held_out = [n for n in texts if not n.startswith("django")]
     scores, burst = {}, {}
-    lm = lm_scorer(args.window) if args.lm else None
+    lm = lm_scorer(args.window, args.tokens) if args.lm else None
     for held in held_out:
         if args.lm_sources and held.removesuffix(".jsonl") not in args.lm_sources:
             continue
@@ -164,19 +209,33 @@ def run_lang(lang: str, args) -> list[str]:
     return rows
 
 
-def dump_table(path: str, percentile: float) -> list[str]:
+# a --dump file's signals (higher = more prose-like): the gain, the gain relative to the windowed loss,
+# minus the whole-prefix loss (perplexity), minus the windowed loss; the last three need --score-from's losses
+DUMP_SIGNALS = {"gain": lambda r, k: r[k], "rel_gain": lambda r, k: list(np.array(r[k]) / np.array(r[k + "_window"])),
+                "neg_loss": lambda r, k: [-x for x in r[k + "_full"]], "neg_window_loss": lambda r, k: [-x for x in r[k + "_window"]]}
+
+
+def dump_table(path: str, percentile: float, signal: str = "gain") -> list[str]:
     """The `lm_gain` table from a --dump file: each source cut at the `percentile` of the OTHER sources'
-    prose (pooled over languages: a few documents a source; SmolLM2 is one model for all three)."""
-    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
-    out = ["| lang | held-out source | prose / demo / backoff docs | cut-off (nats) | prose kept / demo removed / backoff removed "
-           "| median gain: prose / demo / backoff |", "|---|---|---|---:|---|---|"]
+    prose, pooled over languages (SmolLM2 is one model for all three) and of its own language alone."""
+    raw = [json.loads(line) for line in open(path, encoding="utf-8")]
+    rows = [{"lang": r["lang"], "held": r["held"], **{k: DUMP_SIGNALS[signal](r, k) for k in ("prose", "demo", "backoff")}}
+            for r in raw]
+    out = ["| lang | held-out source | prose / demo / backoff docs | median signal: prose / demo / backoff | cut-off, other sources "
+           "all languages (nats) | prose kept / demo removed / backoff removed | cut-off, other sources same language "
+           "| prose kept / demo removed / backoff removed |", "|---|---|---|---|---:|---|---:|---|"]
     for r in rows:
-        others = np.concatenate([o["prose"] for o in rows if o is not r]) if len(rows) > 1 else np.array(r["prose"])
-        cut = float(np.percentile(others, percentile))
         p, d, b = (np.array(r[k]) for k in ("prose", "demo", "backoff"))
-        out.append(f"| {r['lang']} | {r['held'].removesuffix('.jsonl')} | {len(p)} / {len(d)} / {len(b)} | {cut:.3f} | "
-                   f"{(p >= cut).mean():.2f} / {(d < cut).mean():.2f} / {(b < cut).mean():.2f} | "
-                   f"{np.median(p):.2f} / {np.median(d):.2f} / {np.median(b):.2f} |")
+        cells = []
+        for same_lang in (False, True):
+            others = [o["prose"] for o in rows if o is not r and (o["lang"] == r["lang"] or not same_lang)]
+            if not others:
+                cells.append("- | -")
+                continue
+            cut = float(np.percentile(np.concatenate(others), percentile))
+            cells.append(f"{cut:.3f} | {(p >= cut).mean():.2f} / {(d < cut).mean():.2f} / {(b < cut).mean():.2f}")
+        out.append(f"| {r['lang']} | {r['held'].removesuffix('.jsonl')} | {len(p)} / {len(d)} / {len(b)} | "
+                   f"{np.median(p):.2f} / {np.median(d):.2f} / {np.median(b):.2f} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -190,9 +249,21 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--dump", default="", help="--lm: append each source's scores (JSON lines) to this file")
     ap.add_argument("--table-from", default="", help="print the lm_gain table of a --dump file and stop")
+    ap.add_argument("--signal", default="gain", choices=sorted(DUMP_SIGNALS), help="--table-from: which signal")
+    ap.add_argument("--tokens", type=int, default=64, help="--lm: tokens of each document scored")
+    ap.add_argument("--prepare", default="", help="write every source's texts (--lm N a class) as JSON lines and stop")
+    ap.add_argument("--score-from", default="", help="score a --prepare file's texts into --dump and stop")
+    ap.add_argument("--model", default="", help="--score-from: SmolLM2 as a .gguf or HF folder (default: the packaged one)")
+    ap.add_argument("--device", default="cpu", help="--score-from: cpu, cuda or auto")
     args = ap.parse_args()
     if args.table_from:
-        print("\n".join(dump_table(args.table_from, args.percentile)))
+        print("\n".join(dump_table(args.table_from, args.percentile, args.signal)))
+        return 0
+    if args.prepare:
+        prepare(args.prepare, args.langs.split(","), args.lm or 50)
+        return 0
+    if args.score_from:
+        score_prepared(args.score_from, args.dump, args)
         return 0
     args.lm_sources = {s.removesuffix(".jsonl") for s in args.lm_sources.split(",") if s}
     T0 = time.time()

@@ -15,6 +15,8 @@ The fastText judges (`quality`, `edu`, `news`: one `FastTextFilter` code path) a
 
     .venv/bin/python bench/judge_throughput.py [--docs 48] [--label-docs 4] [--threads 2]
 
+On a GPU machine the same comparisons (and batched generation) run in bench/gpu_measure.py.
+
 Prints a markdown table and writes bench/out/judge_throughput.json.
 """
 from __future__ import annotations
