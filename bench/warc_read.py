@@ -69,7 +69,15 @@ def outcome(fn, path: Path) -> str:
         n, _, bad = fn(path)
         return f"{n} records" + (f", {bad} quarantined" if bad and fn is read_quipu else f", {bad} bad digests" if bad else "")
     except Exception as e:
-        return f"raises {type(e).__name__}: {str(e).strip()[:60]}"
+        said = " ".join(str(e).split()).encode("ascii", "backslashreplace").decode().replace("|", "/")
+        return f"raises {type(e).__name__}: {said[:48]}"
+
+
+def hostile_table() -> None:
+    bad = sorted(f for f in (WEB / "bad").iterdir() if f.name != "PROVENANCE.md") + sorted(WEB.glob("*truncated*"))
+    print("\n| hostile file | quipu | warcio | fastwarc |\n|---|---|---|---|")
+    for f in bad:
+        print(f"| {f.name} | " + " | ".join(outcome(fn, f) for fn in ARMS.values()) + " |", flush=True)
 
 
 def main() -> None:
@@ -97,10 +105,7 @@ def main() -> None:
             best = min(cpu[arm])
             print(f"| {label} | {arm} | {n:,} | {size / 1e6:,.1f} | {best:.3f} / {max(cpu[arm]):.3f} | {n / best:,.0f} | "
                   f"{min(cpu['warcio']) / best:.2f}x |", flush=True)
-    bad = sorted(f for f in (WEB / "bad").iterdir() if f.name != "PROVENANCE.md") + sorted(WEB.glob("*truncated*"))
-    print("\n| hostile file | quipu | warcio | fastwarc |\n|---|---|---|---|")
-    for f in bad:
-        print(f"| {f.name} | " + " | ".join(outcome(fn, f) for fn in ARMS.values()) + " |", flush=True)
+    hostile_table()
     print(f"\n`uptime` at the end: `{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}`")
 
 
