@@ -136,7 +136,27 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
                 for name, v in row["stages"].items()}
 
     return (warc_run_lines(warc, per_page, serial, cores, pages, crawl.get("config")) if warc else []) + \
-        pdf_run_lines(crawl, per_page, cores)
+        growth_lines(crawl, per_page) + pdf_run_lines(crawl, per_page, cores)
+
+
+def growth_lines(crawl: dict, per_page) -> list[str]:
+    """CPU ms per page of every stage at each WARC size measured: does the cost grow with size?"""
+    rows = sorted((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"])
+    if len(rows) < 2:
+        return []
+    costs = [per_page(r) for r in rows]
+    out = ["CPU ms per page at each size measured (each size its own run; growth = largest / smallest):", "",
+           "| stage | " + " | ".join(f"{r['n']:,} pages" for r in rows) + " | growth |", "|---|" + "---:|" * (len(rows) + 1)]
+    for name in costs[-1]:
+        ms = [c.get(name, (0.0, 0.0))[0] * 1e3 for c in costs]
+        growth = f"{ms[-1] / ms[0]:.2f}x" if ms[0] else "-"
+        out.append(f"| {name} | " + " | ".join(f"{m:.2f}" for m in ms) + f" | {growth} |")
+    tot = [sum(c for c, _ in cs.values()) * 1e3 for cs in costs]
+    out.append("| **every stage** | " + " | ".join(f"**{t:.2f}**" for t in tot) + f" | **{tot[-1] / tot[0]:.2f}x** |")
+    out.append("| peak RSS of the run's tree (GiB) | " + " | ".join(f"{r['tree_peak_rss'] / 2**30:.2f}" for r in rows) + " | |")
+    out.append("| load (1 min) before / after | " + " | ".join(f"{r['load_before']:.1f} / {r['load_after']:.1f}" for r in rows)
+               + " | |")
+    return out + [""]
 
 
 def warc_run_lines(warc: dict, per_page, serial: float, cores: list[int], pages: int, config: str | None) -> list[str]:

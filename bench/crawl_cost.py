@@ -61,47 +61,80 @@ def shared_pages() -> list[tuple[str, bytes, str]]:
     pages = []
     for f in files:
         for r in read(str(f), ReadStats()):
-            body = r.payload if r.kind == "html" else None
+            body = r.payload if getattr(r, "kind", None) == "html" else None     # a Quarantined record has no kind
             if body:
                 pages.append((r.url, body if isinstance(body, bytes) else body.encode("utf-8"), r.content_type or "text/html"))
     return pages
 
 
-def varied(page: bytes, text: str) -> bytes:
+def paragraph_split(page: bytes) -> list[bytes] | None:
+    """`page` cut around its <p> elements ([before, open, body, close, between, ...]), or None when
+    it has fewer than two: computed once per shared page (the regex costs ~30 ms on a large page)."""
+    parts = PARAGRAPH.split(page)
+    return parts if (len(parts) - 1) // 4 >= 2 else None
+
+
+def varied(page: bytes, parts: list[bytes] | None, text: str) -> bytes:
     """`page` with its <p> elements holding `text`'s paragraphs (the rest emptied); unchanged when
-    it has fewer than two <p> elements."""
-    if len(PARAGRAPH.findall(page)) < 2:
+    it has fewer than two <p> elements (`parts` from paragraph_split)."""
+    if parts is None:
         return page
     paras = [html.escape(p).encode("utf-8") for p in text.split("\n\n") if p.strip()]
-    k = iter(range(1 << 30))
-    return PARAGRAPH.sub(lambda m: m.group(1) + (paras[i] if (i := next(k)) < len(paras) else b"") + m.group(3), page)
+    out = parts[:]
+    for j, k in enumerate(range(2, len(parts), 4)):   # [before, open, body, close, between, open, body, ...]
+        out[k] = paras[j] if j < len(paras) else b""
+    return b"".join(out)
 
 
-def build_crawl(data: Path, n: int, file_pages: int) -> list[Path]:
-    """WARC files of n varied pages (see the module docstring); files already written are kept."""
+def gzip6(plain):
+    """warcio's per-record gzip writer class `plain`, at zlib's default level 6 (warcio uses 9, which
+    costs ~3x the CPU on HTML and makes building 10^5 pages longer than curating them; Common Crawl's
+    files are written at the default level)."""
+    import zlib
+
+    def make(out):
+        w = plain(out)
+        w.compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS + 16)
+        return w
+    return make
+
+
+def write_crawl_file(path: Path, first: int, last: int, n: int) -> None:
+    """Pages first..last-1 of an n-page crawl as one WARC file (atomic: written to .tmp, renamed)."""
+    import warcio.warcwriter as warcwriter
     from warcio.statusandheaders import StatusAndHeaders
-    from warcio.warcwriter import WARCWriter
-    data.mkdir(parents=True, exist_ok=True)
-    pages, corpus, files = None, None, []
-    for f0 in range(0, n, file_pages):
-        path = data / f"crawl-{f0 // file_pages:04d}.warc.gz"
-        files.append(path)
-        if path.exists():
-            continue
-        if pages is None:
-            pages, corpus = shared_pages(), million_docs.Corpus(n)
+    plain = warcwriter.GzippingWrapper
+    warcwriter.GzippingWrapper = gzip6(plain)
+    try:
+        pages, corpus = shared_pages(), million_docs.Corpus(n)
+        splits = [paragraph_split(body) for _, body, _ in pages]
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
-            w = WARCWriter(fh, gzip=True)
-            for i in range(f0, min(f0 + file_pages, n)):
+            w = warcwriter.WARCWriter(fh, gzip=True)
+            for i in range(first, last):
                 url, body, ctype = pages[i % len(pages)]
-                body = varied(body, corpus.text(i))
+                body = varied(body, splits[i % len(pages)], corpus.text(i))
                 http = StatusAndHeaders("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))],
                                         protocol="HTTP/1.1")
                 w.write_record(w.create_warc_record(f"{url}#{i}", "response", payload=io.BytesIO(body), length=len(body),
                                                     http_headers=http, warc_headers_dict={"WARC-Date": "2020-01-01T00:00:00Z"}))
         tmp.rename(path)
-        print(f"  wrote {path.name} ({path.stat().st_size / 1e6:,.0f} MB)", flush=True)
+    finally:
+        warcwriter.GzippingWrapper = plain
+    print(f"  wrote {path.name} ({path.stat().st_size / 1e6:,.0f} MB)", flush=True)
+
+
+def build_crawl(data: Path, n: int, file_pages: int) -> list[Path]:
+    """WARC files of n varied pages (see the module docstring), built in parallel (one process per
+    file, as many as cores); files already written are kept: page i is the same in a crawl of any
+    size, so crawls of several sizes share their files."""
+    from concurrent.futures import ProcessPoolExecutor
+    data.mkdir(parents=True, exist_ok=True)
+    files = [data / f"crawl-{f0:07d}-{min(f0 + file_pages, n):07d}.warc.gz" for f0 in range(0, n, file_pages)]
+    todo = [(f, f0, min(f0 + file_pages, n)) for f, f0 in zip(files, range(0, n, file_pages)) if not f.exists()]
+    with ProcessPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        for fut in [pool.submit(write_crawl_file, f, a, b, n) for f, a, b in todo]:
+            fut.result()
     return files
 
 
@@ -180,7 +213,7 @@ def main() -> None:
         record("PDF (every shared PDF)", pdf_pages(files), files, res)
     for n in [int(x) for x in args.pages.split(",") if x]:
         t0 = time.perf_counter()
-        files = build_crawl(args.data / f"pages-{n}", n, args.file_pages)
+        files = build_crawl(args.data / "pages", n, args.file_pages)
         print(f"{n:,} pages ready in {time.perf_counter() - t0:.0f} s; load {os.getloadavg()}", flush=True)
         res = million_docs.run_child("curate", {"work": str(work / f"crawl-{n}"), "files": [str(f) for f in files],
                                                 "config": str(args.config)})
