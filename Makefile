@@ -59,7 +59,7 @@ test-fast: install
 
 # The readers fuzzed with 1,500 examples per format from a new seed each run (printed; replay one
 # with QUIPU_FUZZ_SEED=N make fuzz). The suite runs a smaller fixed sample of the same tests.
-# Then the curate run SIGKILLed at every point (the suite kills at 2 of them, a new draw each run).
+# Then the curate run SIGKILLed at every point (the suite kills at 1 of them, a new draw each run).
 fuzz: install
 	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s -m fuzz tests/test_fuzz_readers.py $(PYTEST_ARGS)
 	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s tests/test_fault_suite.py -k sigkill_at_each_point $(PYTEST_ARGS)

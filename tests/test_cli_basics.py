@@ -6,14 +6,28 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from quipu.catalog.files import UMASK, default_mode, write_json_atomic
-from tests.conftest import ROOT
+from tests.conftest import _CLI_ENV, ROOT, quipu_main
 
 
-def test_version_flag():
-    p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "--version"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.startswith("quipu ") and p.stdout.split()[1][0].isdigit()
+def cli(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`quipu ARGS` in this process, its exit code and output as a subprocess' would be."""
+    capsys.readouterr()
+    code = quipu_main(*args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["quipu", *args], code, out, err)
+
+
+def test_version_flag(capsys, monkeypatch):
+    from quipu.flows.cli import main
+    for name in _CLI_ENV:               # main sets them for its flows; monkeypatch restores them
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as e:     # argparse's version action: print, then exit 0 (no Prefect server)
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("quipu ") and out.split()[1][0].isdigit()
 
 
 def test_atomic_writes_get_the_umask_mode_not_a_private_one(tmp_path):
@@ -29,11 +43,10 @@ def test_atomic_writes_get_the_umask_mode_not_a_private_one(tmp_path):
 
 # ---- discoverable configs ------------------------------------------------------------------------
 
-def test_config_show_lists_every_key_from_the_model():
+def test_config_show_lists_every_key_from_the_model(capsys):
     from quipu.flows.config import config_keys
     from quipu.flows.curate import CurateConfig
-    p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "config", "show", "curate"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    p = cli(capsys, "config", "show", "curate")     # in process: the listing is the subject, not the interpreter
     assert p.returncode == 0, p.stderr
     rows = {r["key"]: r for r in config_keys(CurateConfig)}
     assert rows["dedup.threshold"]["default"] == 0.8 and rows["dedup.threshold"]["type"] == "float"
@@ -43,21 +56,18 @@ def test_config_show_lists_every_key_from_the_model():
     assert "Jaccard similarity of a near duplicate" in p.stdout
 
 
-def test_config_defaults_are_a_valid_config(tmp_path):
+def test_config_defaults_are_a_valid_config(tmp_path, capsys):
     import yaml
     from quipu.flows.config import load_config
     from quipu.trainer.train import TrainConfig
-    p = subprocess.run([sys.executable, "-m", "quipu.flows.cli", "config", "show", "curate", "--defaults"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    p = cli(capsys, "config", "show", "curate", "--defaults")
     assert p.returncode == 0, p.stderr
     from quipu.flows.curate import CurateConfig
     # every key written out at its default (an empty file would also load as the defaults)
     assert yaml.safe_load(p.stdout) == CurateConfig().model_dump(mode="json")
     (tmp_path / "c.yaml").write_text(p.stdout)
     assert load_config(CurateConfig, tmp_path / "c.yaml").model_dump() == CurateConfig().model_dump()
-    assert "data.phases[].sources[].dataset" in subprocess.run(
-        [sys.executable, "-m", "quipu.flows.cli", "config", "show", "train", "--brief"], cwd=ROOT,
-        capture_output=True, text=True, timeout=120).stdout
+    assert "data.phases[].sources[].dataset" in cli(capsys, "config", "show", "train", "--brief").stdout
     assert TrainConfig.model_fields["data"].is_required()
 
 
@@ -94,11 +104,6 @@ def test_max_steps_scales_warmup_and_phase_starts(tmp_path, capsys):
 
 # ---- failing early, before Prefect starts --------------------------------------------------------
 
-def _curate(*args, timeout=600):
-    from tests.conftest import run_quipu
-    return run_quipu("curate", "configs/curate/demo.yaml", *args, timeout=timeout)
-
-
 def test_curate_refuses_bad_outputs_and_inputs_before_any_work(tmp_path):
     (tmp_path / "a.docx").write_text("not an input\n")
     (tmp_path / "b.csv").write_text("x,y\n")
@@ -118,11 +123,11 @@ def test_curate_refuses_bad_outputs_and_inputs_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_run_that_curates_nothing_exits_non_zero_unless_allowed(tmp_path):
+def test_a_run_that_curates_nothing_exits_non_zero_unless_allowed(tmp_path, capsys):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "junk.jsonl").write_text('{"id": "1"}\nnot json\n')
-    p = _curate("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    # in process: the exit code and the CLI's own line (printed by main, not logged by Prefect)
+    p = cli(capsys, "curate", "configs/curate/demo.yaml", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
     assert p.returncode == 3 and "curated 0 documents" in p.stderr and "--allow-empty" in p.stderr, p.stderr[-2000:]
-    from tests.conftest import quipu_main      # only the exit code: in process
     assert quipu_main("curate", "configs/curate/demo.yaml", "--input", str(tmp_path / "in"),
                       "--output", str(tmp_path / "out"), "--allow-empty") == 0

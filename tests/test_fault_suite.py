@@ -450,10 +450,12 @@ def curated_bytes(run: Path) -> dict[str, str]:
 KILL_INPUTS = ["text/es_nltk_cess_esp_news.jsonl", "web/dolma__sample-0000.warc.gz"]
 
 
-# Each point costs a process start and its model loads (~25 s at load 7): the suite kills at
-# KILL_POINTS_IN_SUITE of them, drawn from a new seed each run (printed, with how to replay it), so that
-# runs cover every point in turn; `make fuzz` (QUIPU_FUZZ=1) kills at all of them in one run.
-KILL_POINTS_IN_SUITE = 2
+# Each point costs a process start and its model loads (~25 s at load 7, ~10 CPU-s of imports alone):
+# the suite kills at KILL_POINTS_IN_SUITE of them, drawn from a new seed each run (printed, with how to
+# replay it), so that runs cover every point in turn; `make fuzz` (QUIPU_FUZZ=1) kills at all of them in
+# one run. (test_curate_e2e.py's kill-and-resume also kills every suite run, once per-document stage
+# shards exist.)
+KILL_POINTS_IN_SUITE = 1
 
 
 def kill_points(points: list) -> list:
