@@ -53,7 +53,7 @@ class WordStats:
         self.words = words
         # ids in order of first occurrence; the loops run in C but over the distinct words
         distinct = dict.fromkeys(words) if distinct is None else distinct
-        ids = dict(zip(distinct, range(len(distinct))))
+        self.index = ids = dict(zip(distinct, range(len(distinct))))      # word -> id
         self.ids = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
         self.vocab = len(ids)
         self.distinct = list(ids)          # the distinct words, id order
@@ -88,7 +88,7 @@ class WordStats:
 
     def ngram_keys(self, n: int) -> np.ndarray:
         """Each n-gram's concatenation hashed, position-free (equal strings, equal keys)."""
-        m = len(self.words) - n + 1
+        m = max(0, len(self.words) - n + 1)
         h, (_, back) = self._prefixes(), _powers(len(self.joined) + 1)
         start = self.offsets[:m]
         return (h[self.offsets[n:n + m]] - h[start]) * back[start]

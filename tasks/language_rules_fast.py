@@ -9,9 +9,9 @@ and bench/heuristics_speed.py compare these classes with it on real en/es/pt tex
   per distinct word and weighted by its count: integer sums, so the means are the same floats;
 - Gopher repetition stops at the first rule that fails, in datatrove's order (the reason is the
   same; the later statistics are not needed), and its n-gram counts reuse the shared word arrays;
-- per-word answers (punctuation only, bare form, holds a letter) come from plain dicts (`PerWord`):
-  a list of words is looked up by C-level maps, where an lru_cache's wrapper cost more per word than
-  the answer;
+- per-word answers come from plain dicts and sets: bare forms by C-level maps (`PerWord`), the few
+  words that are punctuation only or hold no letter by set operations (`WordsWith`), where an
+  lru_cache's wrapper cost more per word than the answer;
 - line tests run as C-level `map`s; C4's policy substrings are one regex, and its check stops counting
   sentences once `min_num_sentences` are found (the lines are still edited; `statistics` counts all).
 """
@@ -46,7 +46,30 @@ class PerWord:
         return list(map(known.__getitem__, words))
 
 
-IS_PUNCT_ONLY, BARE, HAS_LETTER = PerWord(rules.is_punct_only), PerWord(rules.bare), PerWord(rules.has_letter)
+class WordsWith:
+    """The words of a collection that have a property (a pure function of one word), as a set: set
+    operations over the words already looked at (bounded: forgotten past `size` words), the
+    function run only on new words. For properties few words have (punctuation only, no letter)."""
+
+    def __init__(self, fn, size: int = rules.WORD_CACHE):
+        self.fn, self.size, self.seen, self.having = getattr(fn, "__wrapped__", fn), size, set(), set()
+
+    def among(self, words) -> set:
+        words = set(words)
+        new = words - self.seen          # iterates `words`, the smaller set
+        if new:
+            if len(self.seen) + len(new) > self.size:
+                self.seen, self.having, new = set(), set(), words
+            self.seen |= new
+            self.having.update(filter(self.fn, new))
+        return self.having & words
+
+
+def has_no_letter(word: str) -> bool:
+    return not rules.has_letter(word)
+
+
+PUNCT_ONLY, NO_LETTER, BARE = WordsWith(rules.is_punct_only), WordsWith(has_no_letter), PerWord(rules.bare)
 
 
 @lru_cache(maxsize=4)
@@ -54,12 +77,12 @@ def words_and_stats(text: str) -> tuple[list[str], dict]:
     """(`language_rules.words_of(text)`, `dict.fromkeys` of those words)."""
     tokens = text.split()
     distinct = dict.fromkeys(tokens)
-    punct = list(compress(distinct, IS_PUNCT_ONLY(distinct)))
+    punct = PUNCT_ONLY.among(distinct)
     if not punct:
         return tokens, distinct
     for token in punct:      # the other keys keep their order: dict.fromkeys of the words
         del distinct[token]
-    return list(filterfalse(set(punct).__contains__, tokens)), distinct
+    return list(filterfalse(punct.__contains__, tokens)), distinct
 
 
 @lru_cache(maxsize=4)
@@ -112,7 +135,7 @@ class GopherQualityFast(rules.GopherQualityRules):
             bare = BARE(stats.distinct)
             counts = stats.counts.tolist()
             length = sum(map(mul, map(len, bare), counts))            # integer sums: exact
-            letters = sum(compress(counts, HAS_LETTER(stats.distinct)))
+            letters = n - sum(counts[stats.index[w]] for w in NO_LETTER.among(stats.distinct))
             avg, alpha, stop = length / n, letters / n, len(self.stop_words.intersection(bare))
         else:
             avg, alpha, stop = 0.0, 0.0, 0
