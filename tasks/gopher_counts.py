@@ -9,11 +9,13 @@ pure Python these loops were about a third of the heuristics stage. Here:
 - top n-gram: words become integer ids (no word holds a space, so equal space-joined n-grams are
   equal id tuples), rows of ids are counted with numpy; ties go to the earliest first occurrence,
   as `Counter.most_common(1)` does.
-- repeated n-grams: every n-gram's concatenation gets a 62-bit polynomial hash of its characters
-  (two moduli, vectorised over the document's code points); when no hash repeats, nothing repeats
-  (equal strings have equal hashes) and the count is 0. Otherwise the walk runs only over the
-  positions whose hash was seen before, and a repeat is confirmed by comparing the strings, so a
-  hash collision cannot change the result.
+- repeated n-grams: every n-gram's concatenation gets a 64-bit polynomial hash of its characters
+  (arithmetic modulo 2**64, numpy's wrapping uint64: one multiply per step; the base is odd, so it
+  is invertible and a hash is made position-free by multiplying by base**-start); when no hash
+  repeats, nothing repeats (equal strings have equal hashes) and the count is 0. Otherwise the
+  walk runs only over the positions whose hash was seen before, and a repeat is confirmed by
+  comparing the strings, so a hash collision (2**64 hashes are weak against crafted text, e.g.
+  Thue-Morse strings) costs time but cannot change the result.
 
 `words` must be what datatrove's tokenizer returns (stripped, non-empty); anything the fast paths
 do not cover (a word holding a space) goes to datatrove's own functions.
@@ -22,27 +24,25 @@ from __future__ import annotations
 
 import numpy as np
 
-MOD1, MOD2 = 2_147_483_629, 2_147_483_587        # primes below 2**31: products fit in int64
-BASE1, BASE2 = 131_071, 524_287
-_POWERS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+BASE = 0x9E3779B97F4A7C15                       # odd: invertible modulo 2**64
+_POWERS: list[np.ndarray] = [np.ones(0, np.uint64), np.ones(0, np.uint64)]
 
 
-def _powers(base: int, mod: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """base**i and base**-i modulo `mod`, for i < n (grown by doubling, kept for the process)."""
-    have = _POWERS.get((base, mod))
-    if have is None or len(have[0]) < n:
-        size = max(n, 2 * len(have[0]) if have else 1 << 16)
-        inv = pow(base, mod - 2, mod)
-        fwd, back = np.empty(size, np.int64), np.empty(size, np.int64)
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """BASE**i and BASE**-i modulo 2**64, for i < n (grown by doubling, kept for the process)."""
+    fwd, back = _POWERS
+    if len(fwd) < n:
+        size = max(n, 2 * len(fwd), 1 << 16)
+        fwd, back = np.empty(size, np.uint64), np.empty(size, np.uint64)
         fwd[0] = back[0] = 1
-        step, istep, filled = base, inv, 1
+        step, istep, filled, mask = BASE, pow(BASE, -1, 1 << 64), 1, (1 << 64) - 1
         while filled < size:            # fill [filled, 2*filled) from [0, filled): log2(size) numpy steps
             k = min(filled, size - filled)
-            fwd[filled:filled + k] = fwd[:k] * step % mod
-            back[filled:filled + k] = back[:k] * istep % mod
-            step, istep, filled = step * step % mod, istep * istep % mod, filled + k
-        _POWERS[(base, mod)] = have = (fwd, back)
-    return have[0][:n], have[1][:n]
+            fwd[filled:filled + k] = fwd[:k] * np.uint64(step)           # wraps: modulo 2**64
+            back[filled:filled + k] = back[:k] * np.uint64(istep)
+            step, istep, filled = step * step & mask, istep * istep & mask, filled + k
+        _POWERS[:] = fwd, back
+    return fwd[:n], back[:n]
 
 
 class WordStats:
@@ -53,7 +53,7 @@ class WordStats:
         self.words = words
         # ids in order of first occurrence; the loops run in C but over the distinct words
         distinct = dict.fromkeys(words) if distinct is None else distinct
-        ids = dict(zip(distinct, range(len(distinct))))
+        self.index = ids = dict(zip(distinct, range(len(distinct))))      # word -> id
         self.ids = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
         self.vocab = len(ids)
         self.distinct = list(ids)          # the distinct words, id order
@@ -61,8 +61,15 @@ class WordStats:
         np.cumsum(np.fromiter(map(len, words), np.int64, len(words)), out=self.offsets[1:])
         self.joined = "".join(words)
         self.space_free = " " not in self.joined     # no word holds a space
-        self._prefix: list[np.ndarray] | None = None
+        self._prefix: np.ndarray | None = None
         self._counts: np.ndarray | None = None
+        self._offset_list: list[int] | None = None
+
+    @property
+    def offset_list(self) -> list[int]:
+        if self._offset_list is None:
+            self._offset_list = self.offsets.tolist()
+        return self._offset_list
 
     @property
     def counts(self) -> np.ndarray:
@@ -71,30 +78,55 @@ class WordStats:
             self._counts = np.bincount(self.ids, minlength=self.vocab)
         return self._counts
 
-    def _prefixes(self) -> list[np.ndarray]:
+    def _prefixes(self) -> np.ndarray:
+        """Prefix hashes of the joined words: h[k] = sum of code[i] * BASE**i for i < k (mod 2**64)."""
         if self._prefix is None:
-            codes = np.frombuffer(self.joined.encode("utf-32-le", "surrogatepass"), np.uint32).astype(np.int64)
-            self._prefix = []
-            for base, mod in ((BASE1, MOD1), (BASE2, MOD2)):
-                fwd, _ = _powers(base, mod, len(codes) + 1)
-                h = np.zeros(len(codes) + 1, np.int64)
-                np.cumsum(codes * fwd[:len(codes)] % mod, out=h[1:])   # < 2**21 * 2**31 per term
-                self._prefix.append(h % mod)
+            codes = np.frombuffer(self.joined.encode("utf-32-le", "surrogatepass"), np.uint32).astype(np.uint64)
+            self._prefix = np.zeros(len(codes) + 1, np.uint64)
+            np.cumsum(codes * _powers(len(codes))[0], out=self._prefix[1:])
         return self._prefix
 
-    def top_duplicate(self, n: int) -> int:
-        """`find_top_duplicate(get_n_grams(words, n))`: characters of the most frequent n-gram x its count."""
+    def ngram_keys(self, n: int) -> np.ndarray:
+        """Each n-gram's concatenation hashed, position-free (equal strings, equal keys)."""
+        m = max(0, len(self.words) - n + 1)
+        h, (_, back) = self._prefixes(), _powers(len(self.joined) + 1)
+        start = self.offsets[:m]
+        return (h[self.offsets[n:n + m]] - h[start]) * back[start]
+
+    def id_keys(self, n: int) -> np.ndarray:
+        """One key per n-gram of word ids: the n ids as one int64 number where that is exact, else
+        the id rows as bytes."""
         m = len(self.words) - n + 1
-        if self.vocab ** n < 1 << 62:        # the n ids as one number (exact)
+        if self.vocab ** n < 1 << 62:
             keys = np.zeros(m, np.int64)
             for k in range(n):
                 keys = keys * self.vocab + self.ids[k:k + m]
+            return keys
+        rows = np.lib.stride_tricks.sliding_window_view(self.ids, n)[:m]
+        return np.ascontiguousarray(rows).view(np.dtype((np.void, 8 * n))).ravel()
+
+    def top_duplicate(self, n: int) -> int:
+        """`find_top_duplicate(get_n_grams(words, n))`: characters of the most frequent n-gram x its count."""
+        keys = self.id_keys(n)
+        if keys.dtype == np.int64:
+            order = np.argsort(keys, kind="stable")       # equal keys together, in position order
+            ordered = keys[order]
+            bounds = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1], [True])))
+            counts = np.diff(bounds)
+            top = counts.max()
+            # ties go to the n-gram seen first (Counter.most_common): the smallest first position
+            i = int(order[bounds[:-1][counts == top]].min())
         else:
-            rows = np.lib.stride_tricks.sliding_window_view(self.ids, n)[:m]
-            keys = np.ascontiguousarray(rows).view(np.dtype((np.void, 8 * n))).ravel()
+            return self.top_by_unique(keys, n)
+        return self._top_chars(i, n, top)
+
+    def top_by_unique(self, keys: np.ndarray, n: int) -> int:
+        """`top_duplicate` from any n-gram keys, by `np.unique` (first occurrences and counts)."""
         _, first, counts = np.unique(keys, return_index=True, return_counts=True)
         top = counts.max()
-        i = int(first[counts == top].min())
+        return self._top_chars(int(first[counts == top].min()), n, top)
+
+    def _top_chars(self, i: int, n: int, top) -> int:
         chars = int(self.offsets[i + n] - self.offsets[i]) + n - 1      # the words and n - 1 spaces
         return chars * int(top)
 
@@ -103,44 +135,36 @@ class WordStats:
         m = len(self.words) - n + 1
         if m <= 0:
             return 0
-        start, end = self.offsets[:m], self.offsets[n:n + m]
-        key = np.zeros(m, np.int64)
-        for (base, mod), h in zip(((BASE1, MOD1), (BASE2, MOD2)), self._prefixes()):
-            _, back = _powers(base, mod, len(self.joined) + 1)
-            part = (h[end] - h[start]) % mod * back[start] % mod       # the n-gram's hash, position-free
-            key = key * (1 << 31) + part
-        if len(set(key.tolist())) == m:
-            return 0                         # no hash occurs twice, so no n-gram string does
+        key = self.ngram_keys(n)
         order = np.argsort(key, kind="stable")     # positions grouped by hash, in position order
         sorted_key = key[order]
+        same = sorted_key[1:] == sorted_key[:-1]
+        if not same.any():
+            return 0                         # no hash occurs twice, so no n-gram string does
         new_group = np.ones(m, bool)
-        new_group[1:] = sorted_key[1:] != sorted_key[:-1]
+        new_group[1:] = ~same
         group_of = np.empty(m, np.int64)
         group_of[order] = np.cumsum(new_group) - 1
-        bounds = np.append(np.flatnonzero(new_group), m).tolist()
         seen_before = np.zeros(m, bool)
         seen_before[order[~new_group]] = True
-        joined, offsets = self.joined, self.offsets
-        skipped = np.zeros(m, bool)
+        # the walk, over the positions whose hash was seen before, in plain Python lists
+        bounds, order = np.append(np.flatnonzero(new_group), m).tolist(), order.tolist()
+        joined, offsets = self.joined, self.offset_list
+        skipped = bytearray(m + n)           # positions jumped over (their n-grams never seen)
         repeated, walk = 0, 0
-        for p in np.flatnonzero(seen_before).tolist():
+        for p, g in zip(np.flatnonzero(seen_before).tolist(), group_of[seen_before].tolist()):
             if p < walk:
                 continue                     # inside the jump after an earlier repeat
             gram = joined[offsets[p]:offsets[p + n]]
-            g = int(group_of[p])
-            hit = False
-            for q in order[bounds[g]:bounds[g + 1]].tolist():
+            for q in order[bounds[g]:bounds[g + 1]]:
                 if q >= p:
+                    walk = p + 1             # not seen before: the walk steps on
                     break
                 if not skipped[q] and joined[offsets[q]:offsets[q + n]] == gram:
-                    hit = True
+                    repeated += len(gram)
+                    skipped[p + 1:p + n] = b"\x01" * (n - 1)
+                    walk = p + n
                     break
-            if hit:
-                repeated += len(gram)
-                skipped[p + 1:p + n] = True
-                walk = p + n
-            else:
-                walk = p + 1
         return repeated
 
 

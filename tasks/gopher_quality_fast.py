@@ -3,17 +3,23 @@
 Its `filter` walks every word of a document twice in Python generator expressions ("holds a
 character that is not punctuation", "holds a letter"): about a sixth of the heuristics stage in
 `compat: datatrove`. A corpus repeats its words (Zipf), so here each test runs once per distinct
-word (a bounded cache) and the rest is datatrove's code, line for line: the same rules, in the
+word (a bounded cache) and, for the judged document's words, once per distinct word of the document
+weighted by its count (`SharedTokens.word_stats`: integer sums, the same numbers); the rest is
+datatrove's code, line for line: the same rules, in the
 same order, on the same numbers (tests/test_heuristics_speed.py compares verdicts with datatrove's
 own class on real en/es/pt text).
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import compress
+from operator import mul
 
 import numpy as np
 from datatrove.pipeline.filters.gopher_quality_filter import GopherQualityFilter
 from datatrove.utils.text import PUNCTUATION_SET, split_into_words
+
+from quipu.tasks.language_rules_fast import PerWord
 
 WORD_CACHE = 1 << 17
 
@@ -28,12 +34,35 @@ def has_letter(word: str) -> bool:
     return any(c.isalpha() for c in word)
 
 
+NOT_ONLY_SYMBOLS, HAS_LETTER = PerWord(not_only_symbols), PerWord(has_letter)
+
+
 class GopherQualityFast(GopherQualityFilter):
     def filter(self, doc) -> bool | tuple[bool, str]:
+        from quipu.tasks.heuristics import SharedTokens
         text = doc.text
         words = split_into_words(text, self.language)
         n_words = len(words)
+        stats = SharedTokens.word_stats(words)     # the document's words as distinct words + counts
+        if stats is None:
+            return self._filter_words(text, words)
+        distinct, counts = stats.distinct, stats.counts.tolist()
+        non_symbol = NOT_ONLY_SYMBOLS(distinct)
+        n_non_symbol_words_words = sum(compress(counts, non_symbol))
 
+        if self.min_doc_words and n_non_symbol_words_words < self.min_doc_words:
+            return False, "gopher_short_doc"
+        if self.max_doc_words and n_non_symbol_words_words > self.max_doc_words:
+            return False, "gopher_long_doc"
+
+        # np.mean of integers is their exact sum over n (float64 sums of integers below 2**53)
+        length = sum(compress(map(mul, map(len, distinct), counts), non_symbol))
+        avg_n_words = length / n_non_symbol_words_words if n_non_symbol_words_words else np.mean([])
+        return self._rest(text, n_words, avg_n_words, sum(compress(counts, HAS_LETTER(distinct))), distinct)
+
+    def _filter_words(self, text: str, words: list[str]) -> bool | tuple[bool, str]:
+        """datatrove's filter over a word list (words that are not the judged document's)."""
+        n_words = len(words)
         non_symbol_words = list(filter(not_only_symbols, words))
         n_non_symbol_words_words = len(non_symbol_words)
 
@@ -43,6 +72,10 @@ class GopherQualityFast(GopherQualityFilter):
             return False, "gopher_long_doc"
 
         avg_n_words = np.mean([len(w) for w in non_symbol_words])
+        return self._rest(text, n_words, avg_n_words, sum(map(has_letter, words)), words)
+
+    def _rest(self, text: str, n_words: int, avg_n_words: float, n_alpha: int, words) -> bool | tuple[bool, str]:
+        """The rules after the word counts, in datatrove's order."""
         if self.min_avg_word_length and avg_n_words < self.min_avg_word_length:
             return False, "gopher_below_avg_threshold"
         if self.max_avg_word_length and avg_n_words > self.max_avg_word_length:
@@ -67,7 +100,7 @@ class GopherQualityFast(GopherQualityFilter):
         ):
             return False, "gopher_too_many_end_ellipsis"
 
-        if self.max_non_alpha_words_ratio and sum(map(has_letter, words)) / n_words < self.max_non_alpha_words_ratio:
+        if self.max_non_alpha_words_ratio and n_alpha / n_words < self.max_non_alpha_words_ratio:
             return False, "gopher_below_alpha_threshold"
 
         if self.min_stop_words and len(self.stop_words.intersection(set(words))) < self.min_stop_words:

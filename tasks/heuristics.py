@@ -99,7 +99,9 @@ FILTERS: dict[str, tuple[type[_FilterConfig], str]] = {
     "gopher_repetition": (GopherRepetitionConfig, "datatrove.pipeline.filters:GopherRepetitionFilter"),
     # datatrove's GopherQualityFilter, its per-word tests cached (the same verdicts: tasks/gopher_quality_fast.py)
     "gopher_quality": (GopherQualityConfig, "quipu.tasks.gopher_quality_fast:GopherQualityFast"),
-    "c4": (C4Config, "datatrove.pipeline.filters:C4QualityFilter"),
+    # datatrove's C4QualityFilter, its sentence count stopped at min_num_sentences (the same verdicts
+    # and texts: tasks/c4_fast.py)
+    "c4": (C4Config, "quipu.tasks.c4_fast:C4QualityFast"),
     "fineweb": (FineWebConfig, "datatrove.pipeline.filters:FineWebQualityFilter"),
 }
 
@@ -323,7 +325,9 @@ class DocTokens:
         arr = doc.to_array([IDX, LENGTH, ORTH, IS_PUNCT]).reshape(-1, 4) if len(doc) else np.zeros((0, 4), np.uint64)
         self.text = text
         self.idx, self.length = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
-        self.final = np.isin(arr[:, 2], _punct_hashes(punct_chars))    # a sentence-final character
+        hashes = _punct_hashes(punct_chars)                               # sorted: a binary search
+        where = np.minimum(np.searchsorted(hashes, arr[:, 2]), max(len(hashes) - 1, 0))
+        self.final = (hashes[where] == arr[:, 2]) if len(hashes) else np.zeros(len(arr), bool)   # sentence-final
         self.plain = ~self.final & (arr[:, 3] == 0)                      # neither that nor punctuation
         self._lines: dict[str, int] | None = None
         self._tokens: list[str] | None = None

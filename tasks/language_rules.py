@@ -285,6 +285,8 @@ class C4Rules(_Rules):
     CALIBRATION = (
         Rule("c4", "filter_curly_bracket", "c4_whole_document", "max"),
         Rule("c4", "min_num_sentences", "num_sentences", "min", (1, 2), integer=True, falsy_off=False))
+    # check: stop counting sentences once min_num_sentences are found (the verdict is the same)
+    COUNT_ENOUGH_ONLY = False
 
     def __init__(self, language: str = "en", **params):
         super().__init__(language, **params)
@@ -294,6 +296,7 @@ class C4Rules(_Rules):
         """(edited text or None, whole-document reason or None, sentences in the kept lines); with
         `stop=False` the lines go on being counted after a whole-document rule hit (statistics)."""
         n_sentences, kept, whole = 0, [], None
+        enough = self.min_num_sentences if stop and self.COUNT_ENOUGH_ONLY else math.inf
         for line in text.splitlines():
             line = line.strip()
             words = line.split()
@@ -318,7 +321,8 @@ class C4Rules(_Rules):
                     return None, whole, n_sentences
             if self.filter_policy and self.is_policy(lower):
                 continue
-            n_sentences += count_sentences(line, self.lang)
+            if n_sentences < enough:
+                n_sentences += count_sentences(line, self.lang)
             kept.append(line)
         return "\n".join(kept).strip(), whole, n_sentences
 

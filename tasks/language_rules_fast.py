@@ -9,7 +9,11 @@ and bench/heuristics_speed.py compare these classes with it on real en/es/pt tex
   per distinct word and weighted by its count: integer sums, so the means are the same floats;
 - Gopher repetition stops at the first rule that fails, in datatrove's order (the reason is the
   same; the later statistics are not needed), and its n-gram counts reuse the shared word arrays;
-- line tests run as C-level `map`s; C4's policy substrings are one regex.
+- per-word answers come from plain dicts and sets: bare forms by C-level maps (`PerWord`), the few
+  words that are punctuation only or hold no letter by set operations (`WordsWith`), where an
+  lru_cache's wrapper cost more per word than the answer;
+- line tests run as C-level `map`s; C4's policy substrings are one regex, and its check stops counting
+  sentences once `min_num_sentences` are found (the lines are still edited; `statistics` counts all).
 """
 from __future__ import annotations
 
@@ -24,17 +28,61 @@ from quipu.tasks import language_rules as rules, languages
 from quipu.tasks.gopher_counts import WordStats
 
 
+class PerWord:
+    """A pure function of one word, answered for a list of words from a plain dict (bounded: emptied
+    when it would hold more than `size` words). The answers are the function's own."""
+
+    def __init__(self, fn, size: int = rules.WORD_CACHE):
+        self.fn, self.size, self.known = getattr(fn, "__wrapped__", fn), size, {}
+
+    def __call__(self, words) -> list:
+        known = self.known
+        missing = list(filterfalse(known.__contains__, words))
+        if missing:
+            if len(known) + len(missing) > self.size:
+                known.clear()
+                missing = list(words)
+            known.update(zip(missing, map(self.fn, missing)))
+        return list(map(known.__getitem__, words))
+
+
+class WordsWith:
+    """The words of a collection that have a property (a pure function of one word), as a set: set
+    operations over the words already looked at (bounded: forgotten past `size` words), the
+    function run only on new words. For properties few words have (punctuation only, no letter)."""
+
+    def __init__(self, fn, size: int = rules.WORD_CACHE):
+        self.fn, self.size, self.seen, self.having = getattr(fn, "__wrapped__", fn), size, set(), set()
+
+    def among(self, words) -> set:
+        words = set(words)
+        new = words - self.seen          # iterates `words`, the smaller set
+        if new:
+            if len(self.seen) + len(new) > self.size:
+                self.seen, self.having, new = set(), set(), words
+            self.seen |= new
+            self.having.update(filter(self.fn, new))
+        return self.having & words
+
+
+def has_no_letter(word: str) -> bool:
+    return not rules.has_letter(word)
+
+
+PUNCT_ONLY, NO_LETTER, BARE = WordsWith(rules.is_punct_only), WordsWith(has_no_letter), PerWord(rules.bare)
+
+
 @lru_cache(maxsize=4)
 def words_and_stats(text: str) -> tuple[list[str], dict]:
     """(`language_rules.words_of(text)`, `dict.fromkeys` of those words)."""
     tokens = text.split()
     distinct = dict.fromkeys(tokens)
-    punct = list(filter(rules.is_punct_only, distinct))
+    punct = PUNCT_ONLY.among(distinct)
     if not punct:
         return tokens, distinct
     for token in punct:      # the other keys keep their order: dict.fromkeys of the words
         del distinct[token]
-    return list(filterfalse(set(punct).__contains__, tokens)), distinct
+    return list(filterfalse(punct.__contains__, tokens)), distinct
 
 
 @lru_cache(maxsize=4)
@@ -84,10 +132,10 @@ class GopherQualityFast(rules.GopherQualityRules):
         lines = text.splitlines() or [""]
         if n:
             stats = word_stats(text)
-            bare = list(map(rules.bare, stats.distinct))
+            bare = BARE(stats.distinct)
             counts = stats.counts.tolist()
             length = sum(map(mul, map(len, bare), counts))            # integer sums: exact
-            letters = sum(compress(counts, map(rules.has_letter, stats.distinct)))
+            letters = n - sum(counts[stats.index[w]] for w in NO_LETTER.among(stats.distinct))
             avg, alpha, stop = length / n, letters / n, len(self.stop_words.intersection(bare))
         else:
             avg, alpha, stop = 0.0, 0.0, 0
@@ -123,6 +171,8 @@ def policy_pattern(lang: str) -> re.Pattern:
 
 
 class C4Fast(rules.C4Rules):
+    COUNT_ENOUGH_ONLY = True
+
     def is_policy(self, lower: str) -> bool:
         return policy_pattern(self.lang).search(lower) is not None
 

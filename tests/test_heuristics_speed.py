@@ -96,3 +96,65 @@ def test_datatrove_mode_gopher_quality_is_datatrove_s(shared_data):
         assert GopherQualityFast(**kwargs).filter(Document(text=text, id="x")) == want, text[:100]
         seen.add(want if want is True else want[1])
     assert len(seen) >= 4, seen
+
+
+def test_ngram_counts_are_datatrove_s_even_when_every_hash_collides(monkeypatch):
+    """`WordStats`' repeated n-grams confirm each hash match by comparing strings: with every n-gram
+    given the same key (the worst collision), and on Thue-Morse words (what breaks hashes modulo
+    2**64), the counts are still datatrove's own; so are the top n-gram counts (ties to the first)."""
+    import random
+
+    import datatrove.pipeline.filters.gopher_repetition_filter as rep
+    import numpy as np
+
+    from quipu.tasks.gopher_counts import WordStats
+    rng = random.Random(11)
+    thue = "".join("ab"[bin(i).count("1") % 2] for i in range(4096))
+    vocab = ["a", "b", "ab", "ba", "abc", "c", "bc", "é", "😀"]
+    cases = [[rng.choice(vocab) for _ in range(rng.randint(0, 60))] for _ in range(150)]
+    cases += [[rng.choice(vocab) for _ in range(7)] * rng.randint(1, 5) for _ in range(30)]
+    cases += [[thue[i:i + 64] for i in range(0, 4096, 64)], [thue[i:i + 8] for i in range(0, 2048, 5)]]
+    for collide in (False, True):
+        if collide:
+            monkeypatch.setattr(WordStats, "ngram_keys", lambda self, n: np.zeros(max(0, len(self.words) - n + 1), np.uint64))
+        for words in cases:
+            stats = WordStats(words)
+            for n in range(5, 11):
+                assert stats.all_duplicate(n) == rep.find_all_duplicate(words, n), (collide, words[:10], n)
+            for n in (2, 3, 4):
+                if len(words) >= n:
+                    assert stats.top_duplicate(n) == rep.find_top_duplicate(rep.get_n_grams(words, n)), (words[:10], n)
+
+
+def test_datatrove_mode_c4_is_datatrove_s(shared_data):
+    """tasks/c4_fast.py stops counting sentences at `min_num_sentences`: the same verdicts and edited
+    texts as datatrove's own C4QualityFilter, with the stage's settings and C4's own."""
+    from datatrove.data import Document
+    from datatrove.pipeline.filters import C4QualityFilter
+
+    from quipu.tasks.c4_fast import C4QualityFast
+    texts, langs = documents(shared_data, per_file=1)
+    texts += ["One. Two. Three.\nlorem ipsum dolor sit amet.", "a b c d.\n{x} y z.", "x " * 1200 + "y.\n" + "z" * 1100]
+    langs += ["en"] * 3
+    tok = {"en": "eng", "es": "spa", "pt": "por"}
+    seen = set()
+    for params in ({"filter_no_terminal_punct": False}, {"min_num_sentences": 2}):
+        for text, lang in zip(texts, langs):
+            ours, theirs = Document(text=text, id="x"), Document(text=text, id="x")
+            want = C4QualityFilter(language=tok[lang], **params).filter(theirs)
+            assert (C4QualityFast(language=tok[lang], **params).filter(ours), ours.text) == (want, theirs.text), text[:100]
+            seen.add(want if want is True else want[1])
+    assert seen == {True, "too_few_sentences", "lorem_ipsum", "curly_bracket"}, seen
+
+
+def test_datatrove_mode_decides_as_datatrove_s_classes(shared_data, monkeypatch):
+    """`compat: datatrove` with its fast classes (Gopher quality per distinct word of the judged
+    document, C4's sentence count stopped at its minimum) against the same stage running datatrove's
+    own GopherQualityFilter and C4QualityFilter: the same verdicts and edited texts."""
+    from quipu.tasks import heuristics
+    texts, langs = documents(shared_data, per_file=2)
+    fast = verdicts(texts, langs, "datatrove")
+    for name, cls in (("gopher_quality", "GopherQualityFilter"), ("c4", "C4QualityFilter")):
+        monkeypatch.setitem(heuristics.FILTERS, name, (heuristics.FILTERS[name][0], f"datatrove.pipeline.filters:{cls}"))
+    assert verdicts(texts, langs, "datatrove") == fast
+    assert sum(r is None for r, _ in fast) > 5 and len({r for r, _ in fast}) >= 5
