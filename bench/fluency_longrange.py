@@ -25,7 +25,8 @@ Each cell: prose kept / demo removed / backoff removed; `+b`: removed by the sig
 burstiness judge (refitted without the source, each at its own cut-off); `joint`: the signal and
 burstiness cut together at half the prose budget each.
 
-    nice .venv/bin/python bench/fluency_longrange.py --langs es
+    nice .venv/bin/python bench/fluency_longrange.py --langs es,pt,en --dump lr.pkl
+    .venv/bin/python bench/fluency_longrange.py --table-from lr.pkl      # per source and pooled, each signal alone
 """
 from __future__ import annotations
 
@@ -166,6 +167,47 @@ def cut_rows(lang: str, scores: dict, pct: float) -> list[str]:
     return rows
 
 
+def load_dump(path: str) -> list[dict]:
+    import pickle
+    rows = []
+    with open(path, "rb") as fh:
+        while True:
+            try:
+                rows.append(pickle.load(fh))
+            except EOFError:
+                return rows
+
+
+def column(row: dict, name: str, kind: str) -> np.ndarray:
+    return row["burst"][kind] if name == "burstiness" else row[kind][:, NAMES.index(name)]
+
+
+def pooled_table(path: str, pct: float, names=("burstiness", "pair_llr", "pair_sum", "copy2", "copy_gain", "burst+pair")) -> list[str]:
+    """Per source and pooled per language (each source cut by the OTHER sources' prose, as above): prose kept /
+    demo removed / backoff removed, one signal alone."""
+    rows = load_dump(path)
+    out = ["| lang | held-out source | prose | " + " | ".join(names) + " |", "|---|---|---:|" + "---|" * len(names)]
+    for lang in dict.fromkeys(r["lang"] for r in rows):
+        group = [r for r in rows if r["lang"] == lang]
+        if len(group) < 2:      # nothing to place a cut-off with
+            continue
+        pooled = {n: np.zeros((2, 3)) for n in names}
+        for r in group:
+            cells = []
+            for name in names:
+                ref = np.concatenate([column(o, name, "prose") for o in group if o is not r])
+                gen = np.concatenate([column(o, name, k) for o in group if o is not r for k in ("demo", "backoff")])
+                sign = 1.0 if np.median(ref) >= np.median(gen) else -1.0
+                cut = np.percentile(sign * ref, pct)
+                hit = [(sign * column(r, name, "prose") >= cut)] + [sign * column(r, name, k) < cut for k in ("demo", "backoff")]
+                pooled[name] += [[h.sum() for h in hit], [len(h) for h in hit]]
+                cells.append(("(-) " if sign < 0 else "") + " / ".join(f"{h.mean():.2f}" for h in hit))
+            out.append(f"| {lang} | {r['held'].removesuffix('.jsonl')} | {len(r['prose'])} | " + " | ".join(cells) + " |")
+        out.append(f"| {lang} | **pooled** | {int(pooled[names[0]][1, 0])} | " + " | ".join(
+            " / ".join(f"{a / b:.2f}" for a, b in zip(*pooled[n])) for n in names) + " |")
+    return out
+
+
 def run_lang(lang: str, args) -> list[str]:
     from quipu.tasks.fluency import FluencyModel
     texts = {n: texts_of(n, lang) for n in SIGNAL_SOURCES[lang]}
@@ -201,7 +243,11 @@ def main() -> int:
     ap.add_argument("--per-kind", type=int, default=50, help="generated documents per generator and source")
     ap.add_argument("--dump", default="", help="append each source's scores (pickles) to this file")
     ap.add_argument("--medians", action="store_true", help="print each source's median scores to stderr")
+    ap.add_argument("--table-from", default="", help="print the per-source and pooled table of a --dump file and stop")
     args = ap.parse_args()
+    if args.table_from:
+        print("\n".join(pooled_table(args.table_from, args.percentile)))
+        return 0
     out = ["| lang | held-out source | prose | burstiness alone | " + " | ".join(NAMES) + " |",
            "|---|---|---:|" + "---|" * (len(NAMES) + 1)]
     for lang in args.langs.split(","):
