@@ -21,6 +21,9 @@ Signals (computed on tasks/fluency.py's TOKEN tokens, lower-cased):
     ref6         share of the document's token 6-grams found in the reference (other sources) 6-gram set
     burst+pair   the shipped burstiness (nats) plus pair_sum (nats): two log-likelihood ratios of prose
                  against chain-sampled text, summed as naive Bayes would
+    copy_llr     copy2 as evidence (nats), burstiness's way: each repeated 2-token context a Bernoulli event,
+                 hit rate of the reference prose against that of trigram-sampled reference text
+    burst+copy   burstiness plus copy_llr
 Each cell: prose kept / demo removed / backoff removed; `+b`: removed by the signal OR the shipped
 burstiness judge (refitted without the source, each at its own cut-off); `joint`: the signal and
 burstiness cut together at half the prose budget each.
@@ -45,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 from bench.fluency_context import samples  # noqa: E402
 from bench.fluency_signals import SIGNAL_SOURCES, texts_of  # noqa: E402
 
-NAMES = ("pair_llr", "pair_sum", "rep6", "copy2", "copy4", "copy_gain", "start_rep", "ref6", "burst+pair")
+NAMES = ("pair_llr", "pair_sum", "rep6", "copy2", "copy4", "copy_gain", "start_rep", "ref6", "burst+pair",
+         "copy_llr", "burst+copy")
 GAPS = range(4, 13)
 
 
@@ -65,6 +69,8 @@ class PairModel:
         gen = NgramGenerator(texts, 3)
         chance = [gen.generate(rng, rng.randint(60, 250)) for _ in range(max(300, len(texts) // 2))]
         self.prose, self.chance = self.count(texts), self.count(chance)
+        rate = lambda xs: max(1e-3, min(0.999, (lambda h: h[0] / max(1, h[1]))(np.sum([copy_counts(tokens(x), 2) for x in xs], 0))))
+        self.copy_rates = rate(texts), rate(chance)     # prose's and a chain's rate of repeated continuations
         uni = Counter(t for x in texts for t in tokens(x) if t in function_words)
         total = sum(uni.values())
         self.uni = {w: c / total for w, c in uni.items()}
@@ -101,7 +107,9 @@ class PairModel:
         return (float(np.mean(s)) if s else 0.0), float(np.sum(s))
 
 
-def copy_rate(toks: list[str], length: int) -> float:
+def copy_counts(toks: list[str], length: int) -> tuple[int, int]:
+    """(positions whose `length`-token context occurred earlier and whose next token repeats a continuation
+    seen after it, positions whose context occurred earlier)."""
     seen: dict[tuple, set] = {}
     hits = n = 0
     for i in range(length, len(toks)):
@@ -113,7 +121,19 @@ def copy_rate(toks: list[str], length: int) -> float:
             cont.add(toks[i])
         else:
             seen[ctx] = {toks[i]}
+    return hits, n
+
+
+def copy_rate(toks: list[str], length: int) -> float:
+    hits, n = copy_counts(toks, length)
     return hits / n if n else 0.0
+
+
+def copy_llr(toks: list[str], rates: tuple[float, float]) -> float:
+    """Evidence (nats) that repeated contexts continue alike at prose's rate rather than a chain's."""
+    hits, n = copy_counts(toks, 2)
+    q1, q0 = rates
+    return hits * math.log(q1 / q0) + (n - hits) * math.log((1 - q1) / (1 - q0))
 
 
 def grams(toks: list[str], n: int) -> list[tuple]:
@@ -138,7 +158,7 @@ def repetition(text: str) -> list[float]:
 def signals(text: str, pair: PairModel, ref6: set) -> list[float]:
     g6 = grams(tokens(text), 6)
     found = sum(hash(g) in ref6 for g in g6) / max(1, len(g6))
-    return [*pair.score(text), *repetition(text), found]
+    return [*pair.score(text), *repetition(text), found, copy_llr(tokens(text), pair.copy_rates)]
 
 
 def cut_rows(lang: str, scores: dict, pct: float) -> list[str]:
@@ -182,7 +202,8 @@ def column(row: dict, name: str, kind: str) -> np.ndarray:
     return row["burst"][kind] if name == "burstiness" else row[kind][:, NAMES.index(name)]
 
 
-def pooled_table(path: str, pct: float, names=("burstiness", "pair_llr", "pair_sum", "copy2", "copy_gain", "burst+pair")) -> list[str]:
+def pooled_table(path: str, pct: float, names=("burstiness", "pair_llr", "pair_sum", "copy2", "copy_gain", "burst+pair",
+                                               "copy_llr", "burst+copy")) -> list[str]:
     """Per source and pooled per language (each source cut by the OTHER sources' prose, as above): prose kept /
     demo removed / backoff removed, one signal alone."""
     rows = load_dump(path)
@@ -221,7 +242,9 @@ def run_lang(lang: str, args) -> list[str]:
         scores[held] = {k: np.array([signals(t, pair, ref6) for t in v]) for k, v in s.items()}
         scores[held]["burst"] = {k: np.array([judges.burstiness(t) for t in v]) for k, v in s.items()}
         for k in s:     # burst+pair: the two log-likelihood ratios (nats) summed, naive Bayes
-            scores[held][k] = np.column_stack([scores[held][k], scores[held]["burst"][k] + scores[held][k][:, 1]])
+            b, x = scores[held]["burst"][k], scores[held][k]
+            scores[held][k] = np.column_stack([x[:, :8], b + x[:, 1], x[:, 8], b + x[:, 8]])
+        print(f"  copy rates prose {pair.copy_rates[0]:.3f} chance {pair.copy_rates[1]:.3f}", file=sys.stderr)
         if args.dump:
             import pickle
             with open(args.dump, "ab") as fh:
