@@ -58,10 +58,11 @@ test-fast: install
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The readers fuzzed with 1,500 examples per format from a new seed each run (printed; replay one
-# with QUIPU_FUZZ_SEED=N make fuzz). The suite runs a smaller fixed sample of the same tests.
+# with QUIPU_FUZZ_SEED=N make fuzz), and the curate config with 3,000 bad values and 1,000 unknown keys
+# from the same seed. The suite runs a smaller fixed sample of the same tests.
 # Then the curate run SIGKILLed at every point (the suite kills at 1 of them, a new draw each run).
 fuzz: install
-	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s -m fuzz tests/test_fuzz_readers.py $(PYTEST_ARGS)
+	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s -m fuzz tests/test_fuzz_readers.py tests/test_faults.py $(PYTEST_ARGS)
 	QUIPU_FUZZ=1 $(BIN)/python -m pytest -q -s tests/test_fault_suite.py -k sigkill_at_each_point $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into site/; strict: a broken link or anchor fails.

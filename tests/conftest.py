@@ -138,6 +138,11 @@ def expected_seconds(path: str, n_slow: int) -> float:
     return FILE_SECONDS.get(path, 20 + 60 * n_slow)
 
 
+# Fuzz tests draw from FUZZ_SEED: new each run (they print it), QUIPU_FUZZ_SEED=N replays one run's draw.
+# The suite's fixed samples use their own constant seeds.
+FUZZ_SEED = int(os.environ.get("QUIPU_FUZZ_SEED") or time.time_ns() % 2**32)
+
+
 def pytest_collection_modifyitems(config, items):
     """`fuzz` tests (thousands of examples from a new seed) run under `make fuzz` (QUIPU_FUZZ=1)
     only; the suite runs their fixed, smaller sample. The longest files (FILE_SECONDS) run first:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from quipu.catalog.files import sha256_file
-from tests.conftest import ROOT, start_prefect_server
+from tests.conftest import FUZZ_SEED, ROOT, start_prefect_server
 from tests.textgen import make_docs, python_doc_paragraphs, write_jsonl
 
 DEMO = ROOT / "configs" / "curate" / "demo.yaml"
@@ -462,7 +462,7 @@ def kill_points(points: list) -> list:
     """The points this run kills at, in the run's order: all under QUIPU_FUZZ=1, else a draw."""
     if os.environ.get("QUIPU_FUZZ") == "1":
         return points
-    seed = int(os.environ.get("QUIPU_FUZZ_SEED") or time.time_ns() % 2**32)
+    seed = FUZZ_SEED
     keep = sorted(random.Random(seed).sample(range(len(points)), KILL_POINTS_IN_SUITE))
     print(f"SIGKILL points: seed {seed} (QUIPU_FUZZ_SEED={seed} replays it; make fuzz kills at all {len(points)}): "
           + "; ".join(points[i][0] for i in keep))

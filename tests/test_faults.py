@@ -8,14 +8,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from quipu.catalog.files import sha256_file
 from quipu.flows.cli import main
 from quipu.flows.config import ConfigError, load_config
 from quipu.flows.curate import CurateConfig
-from tests.conftest import missing_install
+from tests.conftest import FUZZ_SEED, missing_install
 from tests.textgen import make_docs, write_jsonl
 
 
@@ -79,9 +79,33 @@ def _nested(key: tuple, value) -> dict:
     return data
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The suite runs a fixed sample of each config fuzz (CONFIG_SEED); `make fuzz` runs many more examples
+# from FUZZ_SEED, new each run and printed (QUIPU_FUZZ_SEED=N replays it).
+CONFIG_SEED = 20261128
+CONFIG_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def print_fuzz_seed():
+    print(f"config fuzz: seed {FUZZ_SEED} (QUIPU_FUZZ_SEED={FUZZ_SEED} replays it)")
+
+
+@seed(CONFIG_SEED)
+@settings(max_examples=300, **CONFIG_SETTINGS)
 @given(key=st.sampled_from(LEAVES), value=BAD_VALUES)
 def test_fuzzed_value_is_accepted_or_refused_naming_the_key(key, value):
+    value_is_accepted_or_refused_naming_the_key(key, value)
+
+
+@pytest.mark.fuzz
+@seed(FUZZ_SEED)
+@settings(max_examples=3000, **CONFIG_SETTINGS)
+@given(key=st.sampled_from(LEAVES), value=BAD_VALUES)
+def test_fuzzed_value_is_accepted_or_refused_naming_the_key_many(print_fuzz_seed, key, value):
+    value_is_accepted_or_refused_naming_the_key(key, value)
+
+
+def value_is_accepted_or_refused_naming_the_key(key, value):
     """The field's own type (a TypeAdapter of its annotation, not load_config) is the oracle: a value
     it refuses must be refused by load_config; a value load_config accepts must be in the config as given."""
     import math
@@ -116,9 +140,22 @@ SECTIONS = {k[:i] for k in LEAVES for i in range(1, len(k))}
 PARTS = st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=10), min_size=1, max_size=3)
 
 
-@settings(max_examples=100, deadline=None)
+@seed(CONFIG_SEED)
+@settings(max_examples=100, **CONFIG_SETTINGS)
 @given(known=st.sampled_from([()] + sorted(SECTIONS | set(LEAVES))), path=PARTS)
 def test_fuzzed_unknown_key_is_refused_naming_it(known, path):
+    unknown_key_is_refused_naming_it(known, path)
+
+
+@pytest.mark.fuzz
+@seed(FUZZ_SEED)
+@settings(max_examples=1000, **CONFIG_SETTINGS)
+@given(known=st.sampled_from([()] + sorted(SECTIONS | set(LEAVES))), path=PARTS)
+def test_fuzzed_unknown_key_is_refused_naming_it_many(print_fuzz_seed, known, path):
+    unknown_key_is_refused_naming_it(known, path)
+
+
+def unknown_key_is_refused_naming_it(known, path):
     """Random parts after a real section or key (or at the top level)."""
     key = tuple(known) + tuple(path)
     known = next((i for i in range(len(key), 0, -1) if key[:i] in SECTIONS or key[:i] in LEAVES), 0)

@@ -26,7 +26,6 @@ import json
 import os
 import random
 import resource
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,13 +37,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from quipu.tasks.extract import ExtractConfig, extract_file
-from tests.conftest import SHARED_DATA
+from tests.conftest import FUZZ_SEED, SHARED_DATA
 from tests.textgen import python_doc_paragraphs
 
 SEED = 20261123
 CI_EXAMPLES = 60           # per format, in the suite (CI): a fixed sample
 FUZZ_EXAMPLES = 1500       # per format, under `make fuzz`
-FUZZ_SEED = int(os.environ.get("QUIPU_FUZZ_SEED") or time.time_ns() % 2**32)   # `make fuzz`: new each run
 LIMITS = dict(max_record_bytes=64 << 10, max_header_bytes=4 << 10, timeout_s=30)
 FORMATS = ["warc.gz", "warc", "arc", "jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
 COUNTS: dict[str, int] = {}
