@@ -72,13 +72,14 @@ def cheap_scores(text: str, common: frozenset[str]) -> list[float]:
     return [-cv(words), -float(commas.std()) if len(commas) > 1 else 0.0, adjacency(text, common)]
 
 
-def samples(lang: str, held: str, texts: list[str], per_kind: int) -> dict[str, list[str]]:
-    """The held-out source's prose (first half) and text generated from its other half by both generators."""
+def samples(lang: str, held: str, texts: list[str], per_kind: int, seed: int = 3) -> dict[str, list[str]]:
+    """The held-out source's prose (first half) and text generated from its other half by both generators
+    (`seed`: the generators' draws; 3, the first sections' seed, keeps their documents)."""
     from quipu.synthetic.fluent_junk import BackoffSentenceGenerator, fluent_junk
     prose = [t for t in texts if is_prose(t)]
     keep, rest = prose[: len(prose) // 2], prose[len(prose) // 2:]
-    demo = [d["text"] for d in fluent_junk(lang, rest, 3 * per_kind, seed=3) if d["kind"] == "generated"]
-    rng = random.Random(f"backoff-{lang}-{held}")
+    demo = [d["text"] for d in fluent_junk(lang, rest, 3 * per_kind, seed=seed) if d["kind"] == "generated"]
+    rng = random.Random(f"backoff-{lang}-{held}" + ("" if seed == 3 else f"-{seed}"))
     gens = {k: BackoffSentenceGenerator(rest, k) for k in (3, 5)}
     backoff = [gens[(3, 5)[i % 2]].generate(rng, rng.randint(60, 250)) for i in range(per_kind)]
     return {"prose": keep, "demo": demo, "backoff": backoff}
