@@ -1,6 +1,7 @@
 """`burst+copy` checked on more text (issue 38): the shipped burstiness evidence alone against burstiness
-plus `copy_llr` (tasks/fluency.py's FluencyModel.copy_evidence: each repeated two-token context a
-Bernoulli event, prose's continuation-repeat rate against a trigram chain's), leave one whole source
+plus `copy_llr` (each repeated two-token context a Bernoulli event, prose's continuation-repeat rate
+against a trigram chain's; the rates fitted as the burstiness judge fits its repeat rates, on the
+reference and on 300 texts sampled from a trigram model of it, seed 0), leave one whole source
 out exactly as bench/fluency_longrange.py does: every model fitted on the language's OTHER sources; the
 held-out source's prose (>= 3 sentences, >= 50 words; first half) kept or not at the `--percentile` of
 the OTHER sources' prose scores; text generated from its other half by both generators of
@@ -14,6 +15,7 @@ seed, for each of `--seeds`.
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import subprocess
 import sys
@@ -32,21 +34,74 @@ KINDS = ("prose", "demo", "backoff")
 JUDGES = ("burstiness", "burst+copy")
 
 
+def capped(n: int, hits: int, most: int = 50) -> tuple[float, float]:
+    """A document's (events, hits) scaled to at most `most` events, so that no one document (a chain
+    caught in a loop, "printing, copies, printing, copies, ...") sets a pooled rate."""
+    return (n, hits) if n <= most else (most, hits * most / n)
+
+
+def copy_counts(text: str, length: int = 2) -> tuple[int, int]:
+    """(positions whose `length`-token context occurred earlier in the text, how many of them continue
+    with a token already seen after that context). Prose's recurring phrases continue alike; a chain
+    picks each continuation afresh. A run of one repeated token ("!!!!", "-----", "ha ha ha") counts
+    once: layout, not phrasing (one such run would otherwise outweigh every phrase of a document, and
+    of a fitted rate)."""
+    from quipu.tasks.fluency import TOKEN
+    toks: list[str] = []
+    for t in TOKEN.findall(text):
+        t = t.lower()
+        if not toks or t != toks[-1]:
+            toks.append(t)
+    seen: dict[tuple[str, ...], set[str]] = {}
+    hits = n = 0
+    for i in range(length, len(toks)):
+        ctx = tuple(toks[i - length:i])
+        after = seen.get(ctx)
+        if after is None:
+            seen[ctx] = {toks[i]}
+        else:
+            n += 1
+            hits += toks[i] in after
+            after.add(toks[i])
+    return n, hits
+
+
+def copy_rates(texts: list[str]) -> dict[str, float]:
+    """Pooled (capped) continuation-repeat rate of the reference and of 300 texts sampled from a trigram
+    model of it (seed 0; the burstiness judge's chance texts)."""
+    import random
+    from quipu.tasks.fluency import NgramGenerator
+    rng = random.Random(0)
+    generator = NgramGenerator(texts, 3)
+    chance = [generator.generate(rng, rng.randint(60, 250)) for _ in range(300)]
+    pooled = lambda pairs: sum(r for _, r in pairs) / max(1, sum(n for n, _ in pairs))
+    rate = lambda xs: round(min(0.999, max(1e-3, pooled([capped(*copy_counts(x)) for x in xs]))), 4)
+    return {"prose": rate(texts), "chance": rate(chance)}
+
+
+def copy_evidence(text: str, rates: dict[str, float]) -> float:
+    """Evidence (nats) that the document's repeated contexts continue alike at prose's rate, not a chain's."""
+    n, hits = copy_counts(text)
+    q1, q0 = rates["prose"], rates["chance"]
+    return hits * math.log(q1 / q0) + (n - hits) * math.log((1 - q1) / (1 - q0))
+
+
 def run_lang(lang: str, args) -> None:
     from quipu.tasks.fluency import FluencyModel
     texts = {n: texts_of(n, lang) for n in SIGNAL_SOURCES[lang]}
     for held in (n for n in texts if not n.startswith("django")):
-        model = FluencyModel.fit(lang, [t for n, v in texts.items() if n != held for t in v])
+        other = [t for n, v in texts.items() if n != held for t in v]
+        model, rates = FluencyModel.fit(lang, other), copy_rates(other)
         for seed in args.seeds:
             s = samples(lang, held, texts[held], args.per_kind, seed)
-            row = {"lang": lang, "held": held, "seed": seed, "copy_rates": model.data["copy_rates"]}
+            row = {"lang": lang, "held": held, "seed": seed, "copy_rates": rates}
             for kind in KINDS:
-                burst = np.array([model.rare_word_evidence(t) for t in s[kind]])
-                row[kind] = np.column_stack([burst, burst + np.array([model.copy_evidence(t) for t in s[kind]])])
+                burst = np.array([model.burstiness(t) for t in s[kind]])
+                row[kind] = np.column_stack([burst, burst + np.array([copy_evidence(t, rates) for t in s[kind]])])
             with open(args.dump, "ab") as fh:
                 pickle.dump(row, fh)
             print(f"{lang} {held} seed {seed}: {len(s['demo'])}/{len(s['backoff'])} generated, copy rates "
-                  f"{model.data['copy_rates']}, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
+                  f"{rates}, {time.time() - T0:.0f} s", file=sys.stderr, flush=True)
 
 
 def table(path: str, pct: float) -> list[str]:

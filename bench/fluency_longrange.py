@@ -240,7 +240,7 @@ def run_lang(lang: str, args) -> list[str]:
         ref6 = {hash(g) for t in other for g in grams(tokens(t), 6)}
         s = samples(lang, held, texts[held], args.per_kind)
         scores[held] = {k: np.array([signals(t, pair, ref6) for t in v]) for k, v in s.items()}
-        scores[held]["burst"] = {k: np.array([judges.rare_word_evidence(t) for t in v]) for k, v in s.items()}
+        scores[held]["burst"] = {k: np.array([judges.burstiness(t) for t in v]) for k, v in s.items()}
         for k in s:     # burst+pair: the two log-likelihood ratios (nats) summed, naive Bayes
             b, x = scores[held]["burst"][k], scores[held][k]
             scores[held][k] = np.column_stack([x[:, :8], b + x[:, 1], x[:, 8], b + x[:, 8]])

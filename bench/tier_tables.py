@@ -143,7 +143,7 @@ def heldout_tiers(combine: str = "max", max_docs: int = 200) -> None:
         rows += [{"id": d["id"], "text": d["text"], "kind": d["kind"]} for d in fluent_junk(lang, rest, 3 * max_docs // 2, seed=5)]
         for kind in ("prose", "spun", "generated", "doorway"):
             sel = [r for r in rows if r["kind"] == kind]
-            scored = [judge.judge(r["text"], lang)[1:3] for r in sel]
+            scored = [judge.judge(r["text"], lang)[1:] for r in sel]
             got = [tiers.assign(lang, {"fluency_word_order": o, "fluency_burstiness": b})[1] for o, b in scored]
             n = [t for t in got if t is not None]
             share = " ".join(f"{sum(t == k for t in n) / max(1, len(n)):.2f}" for k in range(5))

@@ -6,18 +6,14 @@ language, each a small model fitted on reference prose and shipped in tasks/flue
                  symbol) predicts the document than a unigram model does, in nats per token. Prose
                  follows the language's word order ("of the <w>", "<w> , que"); spun text (each
                  sentence's words reordered) scores like a bag of words: near or below 0.
-    burstiness   evidence (log-likelihood ratios, nats) that the document recurs as prose does rather
-                 than as text sampled from an n-gram model of the reference does: its rare words
-                 (outside the language's commonest stems) come back at prose's rate (prose is about
-                 something; generated text forgets its topic within a few words), plus its repeated
-                 two-token contexts continue with a token already seen after them at prose's rate
-                 (`copy`: prose's recurring phrases continue alike; a chain draws each continuation
-                 afresh). The two ratios are summed as naive Bayes would; the copy part is also
-                 written alone (`fluency_copy`).
+    burstiness   evidence (a log-likelihood ratio, nats) that the document's rare words (outside the
+                 language's commonest stems) recur at prose's rate rather than at the chance rate of
+                 text sampled from an n-gram model of the reference. Prose is about something, so its
+                 rare words come back; generated text forgets its topic within a few words.
 
 A document of a language with a model is removed when a score falls below the language's cut-off
 (reasons `fluency:word_order<-0.2`, `fluency:burstiness<-2.5`); documents of other languages, and
-ones too short to judge (`min_tokens`), pass untouched. The scores are written to kept and
+ones too short to judge (`min_tokens`), pass untouched. Both scores are written to kept and
 removed rows. Templated SEO doorway pages are left to the heuristics stage, whose repetition rules
 remove them. The models and cut-offs are rebuilt by `bench/fluency_models.py` (provenance in each
 model file).
@@ -43,7 +39,6 @@ from quipu.tasks.stage import Outcome, Stage, StageConfig, langs_of, snippet, sp
 MODEL_DIR = Path(__file__).parent / "fluency_models"
 WORD_ORDER = pa.field("fluency_word_order", pa.float64())
 BURSTINESS = pa.field("fluency_burstiness", pa.float64())
-COPY = pa.field("fluency_copy", pa.float64())
 TOKEN = re.compile(r"[^\W\d_]+|\d+|[^\w\s]")
 WORD = re.compile(r"[^\W\d_]{3,}")
 STEM_CHARS = 6            # a word's stem: its first characters (language-free, good enough for recurrence)
@@ -79,25 +74,6 @@ def classes(text: str, function_words: frozenset[str], cache: dict[str, str] | N
 
 def stems(text: str) -> list[str]:
     return [w.lower()[:STEM_CHARS] for w in WORD.findall(text)]
-
-
-def copy_counts(text: str, length: int = 2) -> tuple[int, int]:
-    """(positions whose `length`-token context occurred earlier in the text, how many of them continue
-    with a token already seen after that context). Prose's recurring phrases continue alike; a chain
-    picks each continuation afresh."""
-    toks = [t.lower() for t in TOKEN.findall(text)]
-    seen: dict[tuple[str, ...], set[str]] = {}
-    hits = n = 0
-    for i in range(length, len(toks)):
-        ctx = tuple(toks[i - length:i])
-        after = seen.get(ctx)
-        if after is None:
-            seen[ctx] = {toks[i]}
-        else:
-            n += 1
-            hits += toks[i] in after
-            after.add(toks[i])
-    return n, hits
 
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -194,24 +170,22 @@ class FluencyModel:
         model = cls({"lang": lang, "function_words": sorted(fw), "common_stems": sorted(common), "ngrams": ngrams,
                      "cutoffs": {}, "documents": len(texts), "provenance": provenance,
                      "repeat_rates": {"prose": 0.2, "chance": 0.02}})
-        model.data["repeat_rates"], model.data["copy_rates"] = model.fit_rates(texts)
+        model.data["repeat_rates"] = model.fit_repeat_rates(texts)
         return FluencyModel(model.data)
 
-    def fit_rates(self, texts: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-        """(repeat rates, copy rates), each pooled over the reference and over 300 texts sampled from a
-        trigram model of it (seed 0: deterministic): the chance rates, what a chain does when nothing
-        holds a topic. (A beta-binomial version of the repeat rate, one Beta prior per class so a long
-        document is judged by where its rate falls, was measured on the same held-out sources and
-        moved no source past the bar: bench/RESULTS.md, Fluent junk.)"""
+    def fit_repeat_rates(self, texts: list[str]) -> dict[str, float]:
+        """Pooled rare-word repeat rate of the reference, and of text sampled from a trigram model of
+        it (the chance rate: what recurs when nothing holds a topic). Deterministic (fixed seed).
+        (A beta-binomial version, one Beta prior per class so a long document is judged by where its
+        rate falls, was measured on the same held-out sources and moved no source past the bar:
+        bench/RESULTS.md, Fluent junk.)"""
+        prose = [self.repeats(t) for t in texts]
         rng = random.Random(0)
         generator = NgramGenerator(texts, 3)
-        chance_texts = [generator.generate(rng, rng.randint(60, 250)) for _ in range(300)]
-        pooled = lambda pairs: sum(r for _, r in pairs) / max(1, sum(n for n, _ in pairs))
-        chance = max(1e-3, pooled([self.repeats(t) for t in chance_texts]))
-        prose_rate = max(1e-3, pooled([self.repeats(t) for t in texts]))
-        repeat = {"prose": round(max(prose_rate, 2 * chance), 4), "chance": round(chance, 4)}
-        copy_rate = lambda xs: round(min(0.999, max(1e-3, pooled([copy_counts(x) for x in xs]))), 4)
-        return repeat, {"prose": copy_rate(texts), "chance": copy_rate(chance_texts)}
+        sampled = [self.repeats(generator.generate(rng, rng.randint(60, 250))) for _ in range(300)]
+        rate = lambda pairs: max(1e-3, sum(r for _, r in pairs) / max(1, sum(n for n, _ in pairs)))
+        chance, prose_rate = rate(sampled), rate(prose)
+        return {"prose": round(max(prose_rate, 2 * chance), 4), "chance": round(chance, 4)}
 
     def _logprob(self, gram: tuple[str, ...]) -> float:
         n = len(gram)
@@ -244,10 +218,6 @@ class FluencyModel:
         return len(rare), len(rare) - len(set(rare))
 
     def burstiness(self, text: str) -> float:
-        """The burstiness judge's evidence (nats): rare-word recurrence plus repeated contexts' copies."""
-        return self.rare_word_evidence(text) + self.copy_evidence(text)
-
-    def rare_word_evidence(self, text: str) -> float:
         """Evidence (nats) that the document's rare words recur as in prose (rate `prose`) rather than
         by chance (rate `chance`, measured on text sampled from an n-gram model of the reference):
         a log-likelihood ratio, so a short document needs fewer repeats than a long one to pass, and
@@ -255,16 +225,6 @@ class FluencyModel:
         n, r = self.repeats(text)
         q1, q0 = self.data["repeat_rates"]["prose"], self.data["repeat_rates"]["chance"]
         return r * math.log(q1 / q0) + (n - r) * math.log((1 - q1) / (1 - q0))
-
-    def copy_evidence(self, text: str) -> float:
-        """Evidence (nats) that the document's repeated two-token contexts continue alike at prose's rate
-        rather than at a chain's (`copy_rates`, fitted as the repeat rates are); 0 without fitted rates."""
-        rates = self.data.get("copy_rates")
-        if not rates:
-            return 0.0
-        n, hits = copy_counts(text)
-        q1, q0 = rates["prose"], rates["chance"]
-        return hits * math.log(q1 / q0) + (n - hits) * math.log((1 - q1) / (1 - q0))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,7 +304,7 @@ class FluencyConfig(StageConfig):
 class FluencyFilter(Stage):
     name = "fluency"
     Config = FluencyConfig
-    columns = (WORD_ORDER, BURSTINESS, COPY)
+    columns = (WORD_ORDER, BURSTINESS)
 
     def model_path(self, lang: str) -> str:
         return self.config.model_paths.get(lang) or str(MODEL_DIR / f"{lang}.json")
@@ -361,35 +321,34 @@ class FluencyFilter(Stage):
         return model.cutoffs[key] if configured is None else configured
 
     def process(self, batch: pa.Table, shard_plan=None) -> Outcome:
-        keep, reasons, scores = [], [], []
+        keep, reasons, orders, bursts = [], [], [], []
         judged: dict[str, int] = {}     # per language, documents long enough to judge (kept/removed: the driver's)
         for text, lang in zip(batch.column("text").to_pylist(), langs_of(batch)):
-            verdict, *values = self.judge(text or "", lang)
+            verdict, order, burst = self.judge(text or "", lang)
             keep.append(verdict is None)
             reasons.append(verdict)
-            scores.append(values)
-            judged[lang] = judged.get(lang, 0) + (values[0] is not None)
-        for j, field in enumerate(self.columns):
-            batch = set_column(batch, field, pa.array([v[j] for v in scores], pa.float64()))
+            orders.append(order)
+            bursts.append(burst)
+            judged[lang] = judged.get(lang, 0) + (order is not None)
+        batch = set_column(set_column(batch, WORD_ORDER, pa.array(orders, pa.float64())),
+                           BURSTINESS, pa.array(bursts, pa.float64()))
         kept, removed = split_by_mask(batch, keep, reasons)
         return Outcome(kept, removed, {"judged": judged})
 
-    def judge(self, text: str, lang: str) -> tuple[str | None, float | None, float | None, float | None]:
-        """(reason or None, word-order gain, burstiness, its copy part); scores None when the text is not judged."""
+    def judge(self, text: str, lang: str) -> tuple[str | None, float | None, float | None]:
+        """(reason or None, word-order gain, burstiness); scores None when the text is not judged."""
         if lang not in self.config.languages:
-            return None, None, None, None
+            return None, None, None
         model = load_model(self.model_path(lang))
         order, n = model.word_order(text)
         if n < self.config.min_tokens:
-            return None, None, None, None
-        copy = model.copy_evidence(text)
-        burst = model.rare_word_evidence(text) + copy
-        scores = (round(order, 4), round(burst, 4), round(copy, 4))
+            return None, None, None
+        burst = model.burstiness(text)
         for key, value in (("word_order", order), ("burstiness", burst)):
             cut = self.cutoff(model, key, lang)
             if value < cut:
-                return f"fluency:{key}<{cut:g}", *scores
-        return None, *scores
+                return f"fluency:{key}<{cut:g}", round(order, 4), round(burst, 4)
+        return None, round(order, 4), round(burst, 4)
 
     def fingerprint(self, shard_plan=None) -> dict:
         return {lang: sha256_file(Path(self.model_path(lang))) for lang in self.config.languages}
