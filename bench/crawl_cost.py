@@ -168,7 +168,8 @@ def report(out: dict) -> str:
     for r in out["rows"]:
         unit = "page"
         lines += [f"**{r['what']}**: {r['n']:,} {unit}s ({r['input_bytes'] / 1e6:,.0f} MB of input), wall {r['seconds']:,.1f} s, "
-                  f"CPU {r['cpu_seconds']:,.1f} s ({r['n'] / r['cpu_seconds']:,.1f} {unit}s per core-second), peak RSS "
+                  f"CPU {r['cpu_seconds']:,.1f} s ({r['n'] / r['cpu_seconds']:,.1f} {unit}s per core-second; reaped children "
+                  f"only {r.get('cpu_rusage', float('nan')):,.1f} s, every descendant sampled {r.get('cpu_sampled', float('nan')):,.1f} s), peak RSS "
                   f"{million_docs.mib(r['peak_rss'])} MiB (process) / {million_docs.mib(r['tree_peak_rss'])} MiB (tree), "
                   f"disk {million_docs.mib(r['disk_bytes'])} MiB, curated rows {r['curated_rows']:,}; load before/after "
                   f"{r['load_before']:.1f} / {r['load_after']:.1f}", ""] + stage_rows(r, unit) + [""]

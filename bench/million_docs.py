@@ -280,34 +280,64 @@ def reset_peak() -> None:
 
 
 class TreeSampler:
-    """Peak of the summed RSS of this process and its descendants (e.g. a Prefect server child)."""
+    """Peak of the summed RSS of this process and its descendants (e.g. a Prefect server child), and
+    the CPU its descendants used while it ran. getrusage(RUSAGE_CHILDREN) counts only children that
+    were waited for; a worker that lives to the end of the run (the extract stage's HTML child) is
+    missing from it, so the CPU of every descendant seen is sampled too (each one's own user +
+    system time at its last sample, less what it had used when sampling began)."""
 
     def __init__(self, every: float = 0.5):
         import psutil
         self.proc, self.every, self.peak = psutil.Process(), every, 0
         self.samples: list[tuple[float, int]] = []      # (perf_counter, summed RSS): peaks per stage window
+        self._cpu: dict[tuple[int, float], float] = {}  # (pid, create time) -> own CPU seconds at its last sample
+        self._cpu0: dict[tuple[int, float], float] = {}  # the same when sampling began (descendants already there)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
+    def _sample(self) -> int:
         import psutil
-        while not self._stop.wait(self.every):
-            total = 0
-            for p in [self.proc, *self.proc.children(recursive=True)]:
-                try:
+        total = 0
+        for p in self.proc.children(recursive=True):
+            try:
+                with p.oneshot():
                     total += p.memory_info().rss
-                except psutil.Error:
-                    pass
+                    t = p.cpu_times()
+                    self._cpu[(p.pid, p.create_time())] = t.user + t.system
+            except psutil.Error:
+                pass
+        try:
+            total += self.proc.memory_info().rss
+        except psutil.Error:
+            pass
+        return total
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            total = self._sample()
             self.peak = max(self.peak, total)
             self.samples.append((time.perf_counter(), total))
 
+    @property
+    def descendant_cpu(self) -> float:
+        """CPU seconds the descendants used while sampling ran (each up to its last sample)."""
+        return sum(c - self._cpu0.get(k, 0.0) for k, c in self._cpu.items())
+
     def __enter__(self):
+        self._sample()
+        self._cpu0 = dict(self._cpu)
         self._t.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
+        self._sample()
+
+
+def self_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def cpu_seconds() -> float:
@@ -424,10 +454,13 @@ def child_curate(files: list[str], work: Path, full: bool, config_path: str | No
     curate_module.CurateProgress.finish = lambda self, stage, report: (finished.append((stage, time.perf_counter())),
                                                                       finish(self, stage, report))[1]
     reset_peak()
-    t0, c0 = time.perf_counter(), cpu_seconds()
+    t0, c0, s0 = time.perf_counter(), cpu_seconds(), self_cpu_seconds()
     with TreeSampler() as tree:
         summary = curate.with_options(task_runner=runner)(config)
-    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    # both are lower bounds: rusage misses live children, sampling misses a child's last half second
+    seconds = time.perf_counter() - t0
+    cpu_rusage, cpu_sampled = cpu_seconds() - c0, self_cpu_seconds() - s0 + tree.descendant_cpu
+    cpu = max(cpu_rusage, cpu_sampled)
     windows, start = {}, t0           # a stage's window: from the previous stage's finish to its own
     for stage, t in finished:
         windows[stage] = max((rss for ts, rss in tree.samples if start <= ts <= t), default=0)
@@ -444,7 +477,8 @@ def child_curate(files: list[str], work: Path, full: bool, config_path: str | No
     for s in summary["stages"]:
         by_stage[s["name"]] = {"input_docs": s["input_docs"], "kept_docs": s["kept_docs"], "seconds": s["seconds"],
                                "tree_peak_rss": windows.get(s["name"]), "disk_bytes": du(work / "run" / s["name"])}
-    return {"docs": summary["records_read"], "seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak_rss(),
+    return {"docs": summary["records_read"], "seconds": seconds, "cpu_seconds": cpu, "cpu_rusage": cpu_rusage,
+            "cpu_sampled": cpu_sampled, "peak_rss": peak_rss(),
             "tree_peak_rss": tree.peak, "removed": removed, "stages": by_stage, "removed_by_stage": removed_by_stage,
             "disk_bytes": du(work / "run", work / "index"), "curated_rows": summary["curated"]["rows"]}
 
