@@ -342,23 +342,20 @@ def unit_key(items: list[Input]) -> str:
 
 
 def _prestart_html() -> None:
-    """Launch the HTML child (`HtmlExtractor.prestart`) and, while it starts, import in a thread
-    what this process imports anyway later in the unit. On a fresh process's first unit that is
+    """Launch the HTML child (`HtmlExtractor.prestart`) and, while it starts (its own process), import
+    here what this process imports anyway later in the unit. On a fresh process's first unit that is
     ~0.7 s: pyarrow imports pandas (when installed) on its first conversion of Python rows, at the
     unit's first flush, and ftfy's tables at the first text repair. Paid there, both came after
     the child's last page (the flush) or stalled the pages sent ahead; here they overlap the
-    child's own start-up (bench/RESULTS.md, "Issue 40, fifth pass")."""
+    child's own start-up (bench/RESULTS.md, "Issue 40, fifth pass"). Not in a thread: an import
+    racing the reader's own (warcio's `six.moves` while pandas imports six) fails."""
     ex = _extractor()
     if ex.worker.alive():
         return
     ex.prestart()
     if "pandas" not in sys.modules:
-        threading.Thread(target=_warm_imports, name="quipu-extract-warm", daemon=True).start()
-
-
-def _warm_imports() -> None:
-    pa.array([None])           # pyarrow's pandas shim: imports pandas once, as Table.from_pylist would
-    text_repair._triggers()
+        pa.array([None])           # pyarrow's pandas shim: imports pandas once, as Table.from_pylist would
+        text_repair._triggers()
 
 
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig,
