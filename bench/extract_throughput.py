@@ -26,7 +26,13 @@ Last, with `--warc-pages N`: a WARC of N response records made from the shared p
 modes: pages per core-second of the whole stage (this process + its extraction child: CPU time),
 the input to bench/cost_model.py's WARC projection.
 
+With `--cold`, only this: each arm in a fresh process per round, as a one-off check runs it (the
+anchor process imports trafilatura and decodes the pages before its clock starts; the stage's clock
+starts at the call, so the child's start and the stage's first imports count), on the annotated
+pages, the same cycled to 500 and the crawl pages, round 1 shown apart.
+
     .venv/bin/python bench/extract_throughput.py [--rounds 2] [--warc-pages 5000]
+    .venv/bin/python bench/extract_throughput.py --cold --rounds 5
 """
 from __future__ import annotations
 
@@ -200,16 +206,21 @@ def stage_vs_anchor(rounds: int) -> list[str]:
     return rows
 
 
-def build_warc(path: Path, n: int) -> int:
-    """A WARC of `n` HTML responses cycling through the shared pages (annotated + crawl), each
-    under its own URL. Returns its size in bytes."""
+def crawl_files() -> list[Path]:
+    from quipu.tasks.reading import reader_kind
+    return sorted(f for f in WEB.iterdir() if f.is_file() and reader_kind(str(f)) == "warc")
+
+
+def build_warc(path: Path, n: int, files: list[Path] | None = None) -> int:
+    """A WARC of `n` HTML responses cycling through the HTML pages of `files` (default: the shared
+    pages, annotated + crawl), each under its own URL. Returns its size in bytes."""
     import io
 
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
 
-    from quipu.tasks.reading import ReadStats, read, reader_kind
-    files = [Path(f"{ANNOTATED}.warc.gz")] + sorted(f for f in WEB.iterdir() if f.is_file() and reader_kind(str(f)) == "warc")
+    from quipu.tasks.reading import ReadStats, read
+    files = files or [Path(f"{ANNOTATED}.warc.gz")] + crawl_files()
     pages = [(r.url, r.payload, r.content_type or "text/html") for f in files for r in read(str(f), ReadStats())
              if getattr(r, "kind", None) == "html" and r.payload]
     with open(path, "wb") as fh:
@@ -247,15 +258,81 @@ def stage_on_warc(n: int) -> list[str]:
             "|---|---|---|---|---|---|---|"] + rows
 
 
+def cold_child(arm: str, warc: str) -> None:
+    """One cold measurement in this fresh process, printed as JSON: `anchor` imports trafilatura and
+    decodes the pages first, then times trafilatura.extract(favor_precision=True) over them;
+    `stage` imports quipu's extract stage first, then times extract_file from the call to its
+    output (child start-up included, the child's CPU counted once it is reaped)."""
+    if arm == "anchor":
+        import trafilatura
+        pages = html_pages(Path(warc))
+        t0, c0 = time.perf_counter(), _cpu_seconds()
+        for u, h in pages:
+            trafilatura.extract(h, url=u, favor_precision=True)
+    else:
+        from quipu.tasks import extract
+        tmp = tempfile.mkdtemp()
+        t0, c0 = time.perf_counter(), _cpu_seconds()
+        res = extract.extract_file(warc, tmp, extract.ExtractConfig())
+        extract._extractor().stop()
+    print(json.dumps({"wall": time.perf_counter() - t0, "cpu": _cpu_seconds() - c0,
+                      **({} if arm == "anchor" else {"paths": res.stats.get("html_extractor", {})})}))
+
+
+def cold_rows(rounds: int) -> list[str]:
+    """Each arm in a fresh process per round (as a one-off check runs it), alternating anchor and
+    stage, over: the 100 annotated pages, the same cycled to 500 (under new URLs), and the crawl
+    pages (every HTML response of the shared WARC/ARC files, in one WARC)."""
+    import statistics
+    import subprocess
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        warcs = {"annotated": Path(f"{ANNOTATED}.warc.gz"), "annotated x5": Path(tmp) / "a500.warc.gz",
+                 "crawl": Path(tmp) / "crawl.warc.gz"}
+        build_warc(warcs["annotated x5"], 500, [warcs["annotated"]])
+        crawl = html_pages_raw(crawl_files())
+        build_warc(warcs["crawl"], crawl, crawl_files())
+        for name, warc in warcs.items():
+            got: dict[str, list[dict]] = {"anchor": [], "stage": []}
+            for _ in range(rounds):
+                for arm in got:
+                    run = subprocess.run([sys.executable, __file__, "--cold-child", arm, str(warc)], capture_output=True, text=True)
+                    if run.returncode:
+                        sys.exit(f"{arm} on {name} failed:\n{run.stderr[-3000:]}")
+                    got[arm].append(json.loads(run.stdout.strip().splitlines()[-1]))
+            n = len(html_pages(warc))
+            a, st = got["anchor"], got["stage"]
+            ratio = [x["wall"] / y["wall"] for x, y in zip(a, st)]
+            cpu_ratio = [x["cpu"] / y["cpu"] for x, y in zip(a, st)]
+            rows.append(f"| {name} | {n} | {a[0]['wall']:.2f} / {a[0]['cpu']:.2f} | {st[0]['wall']:.2f} / {st[0]['cpu']:.2f} | "
+                        f"{ratio[0]:.2f}x / {cpu_ratio[0]:.2f}x | {statistics.median(ratio):.2f}x / {statistics.median(cpu_ratio):.2f}x | "
+                        f"{min(ratio):.2f}-{max(ratio):.2f}x / {min(cpu_ratio):.2f}-{max(cpu_ratio):.2f}x | {st[0]['paths']} |")
+    return ["| pages | n | anchor, round 1: wall s / CPU s | stage, round 1: wall s / CPU s | round 1 x anchor: wall / CPU | "
+            f"median of {rounds} rounds: wall / CPU | range: wall / CPU | stage's paths |", "|---|---|---|---|---|---|---|---|"] + rows
+
+
+def html_pages_raw(files: list[Path]) -> int:
+    """How many HTML pages `files` hold (build_warc's count for one pass over them)."""
+    from quipu.tasks.reading import ReadStats, read
+    return sum(1 for f in files for r in read(str(f), ReadStats()) if getattr(r, "kind", None) == "html" and r.payload)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warc-pages", type=int, default=0, help="also run the stage over a WARC of this many pages")
     ap.add_argument("--skip-extractors", action="store_true", help="only the stage rows")
+    ap.add_argument("--cold", action="store_true", help="only the cold rows: each arm in a fresh process per round")
+    ap.add_argument("--cold-child", nargs=2, metavar=("ARM", "WARC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cold_child:
+        return cold_child(*args.cold_child)
     if not WEB.is_dir():
         sys.exit(f"needs the shared real data at {WEB}")
     print(f"load before: {os.getloadavg()}", flush=True)
+    if args.cold:
+        print("\n".join(cold_rows(args.rounds)) + f"\nload after: {os.getloadavg()}")
+        return
     if not args.skip_extractors:
         sets = page_sets()
         results = run_extractors(sets, args.rounds)

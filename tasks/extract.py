@@ -341,6 +341,23 @@ def unit_key(items: list[Input]) -> str:
     return f"{file_key(items[0])}-pack{len(items)}-{digest}"
 
 
+def _prestart_html() -> None:
+    """Launch the HTML child (`HtmlExtractor.prestart`) and, while it starts (its own process), import
+    here what this process imports anyway later in the unit. On a fresh process's first unit that is
+    ~0.7 s: pyarrow imports pandas (when installed) on its first conversion of Python rows, at the
+    unit's first flush, and ftfy's tables at the first text repair. Paid there, both came after
+    the child's last page (the flush) or stalled the pages sent ahead; here they overlap the
+    child's own start-up (bench/RESULTS.md, "Issue 40, fifth pass"). Not in a thread: an import
+    racing the reader's own (warcio's `six.moves` while pandas imports six) fails."""
+    ex = _extractor()
+    if ex.worker.alive():
+        return
+    ex.prestart()
+    if "pandas" not in sys.modules:
+        pa.array([None])           # pyarrow's pandas shim: imports pandas once, as Table.from_pylist would
+        text_repair._triggers()
+
+
 def extract_file(path: str, run_dir: str | Path, cfg: ExtractConfig,
                  removed_schema: pa.Schema | None = None) -> ExtractResult:
     """Extract one input file into kept shards, a removed shard and a quarantine file."""
@@ -401,6 +418,8 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
     shards, a removed shard and a quarantine file, with each file's own account; removed rows in
     `removed_schema` (the run's; None: extract's own). `parts`: the unit is one long document read
     in parts (`read_part`), combined here by its format instead of read from the file."""
+    if any(reading.reader_kind(input_path(p)) == "warc" for p in items):
+        _prestart_html()        # before hashing the inputs: the child starts meanwhile
     run = RunContext(str(run_dir), removed_schema=removed_schema)
     layout = run.layout(STAGE)
     key, shas, fp = _unit_identity(items, cfg)
@@ -409,8 +428,6 @@ def extract_unit(items: list[Input], run_dir: str | Path, cfg: ExtractConfig, re
         return done
 
     t0 = time.perf_counter()
-    if any(reading.reader_kind(input_path(p)) == "warc" for p in items):
-        _extractor().prestart()
     notes = UnitNotes()
     if parts is not None:
         pages = reading.format_of(input_path(items[0])).pages
