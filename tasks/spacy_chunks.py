@@ -43,8 +43,15 @@ class ChunkTokens:
         self._affixes_only = affixes_only(tokenizer)
         self._known: dict = {"": _NONE}
         # every way a match could cross from one piece to the next: a pattern cut in two
-        patterns = multi_token_patterns(tokenizer)
+        keys, patterns = matcher_patterns(tokenizer)
+        # a piece's first / last token before matching is its first / last token after, unless a match
+        # rewrote it: then the piece starts / ends with that special case's text
+        self._keys, self._key_lengths = frozenset(keys), sorted(set(map(len, keys)))
         self._cuts = [(tuple(p[:a]), tuple(p[a:])) for p in patterns for a in range(1, len(p))]
+        self._by_last, self._by_first = {}, {}      # the cuts by the token a piece must end / start with
+        for i, (first, rest) in enumerate(self._cuts):
+            self._by_last.setdefault(first[-1], []).append(i)
+            self._by_first.setdefault(rest[0], []).append(i)
         self._span = max(map(len, patterns), default=0)     # a match spans at most this many pieces
 
     def arrays(self, text: str) -> np.ndarray:
@@ -116,11 +123,16 @@ class ChunkTokens:
             return _NONE
         arr = self.whole(text)
         arr[:, 0] += shift
-        # what the matcher sees: the piece's tokens before special cases are matched
-        seen = tuple(t.text for t in self._affixes_only(text))
-        ends = frozenset(i for i, (first, _) in enumerate(self._cuts) if seen[-len(first):] == first)
-        starts = frozenset(i for i, (_, rest) in enumerate(self._cuts)
-                           if seen[:len(rest)] == rest or (len(seen) < len(rest) and rest[:len(seen)] == seen))
+        ends = starts = frozenset()
+        first, last = arr[0, 2], arr[-1, 2]
+        if (self.tokenizer.vocab.strings[int(first)] in self._by_first or self.tokenizer.vocab.strings[int(last)] in self._by_last
+                or any(text[:n] in self._keys or text[-n:] in self._keys for n in self._key_lengths)):
+            # what the matcher sees: the piece's tokens before special cases are matched
+            seen = tuple(t.text for t in self._affixes_only(text))
+            cuts = self._cuts
+            ends = frozenset(i for i in self._by_last.get(seen[-1], ()) if seen[-len(cuts[i][0]):] == cuts[i][0])
+            starts = frozenset(i for i in self._by_first.get(seen[0], ()) if seen[:len(cuts[i][1])] == cuts[i][1]
+                               or (len(seen) < len(cuts[i][1]) and cuts[i][1][:len(seen)] == seen))
         return 4 * len(arr) + (1 if ends else 0) + (2 if starts else 0), arr.tobytes(), ends, starts
 
 
@@ -164,21 +176,27 @@ def token_array(tokenizer, text: str) -> np.ndarray:
 
 
 def multi_token_patterns(tokenizer) -> list[list[str]]:
-    """The PhraseMatcher patterns of more than one token that spaCy's `add_special_case` registers:
-    for each special case that holds a prefix, infix, suffix or space (every one without
+    """The PhraseMatcher patterns of more than one token (see `matcher_patterns`)."""
+    return matcher_patterns(tokenizer)[1]
+
+
+def matcher_patterns(tokenizer) -> tuple[list[str], list[list[str]]]:
+    """(the special cases spaCy's `add_special_case` gives its PhraseMatcher, their patterns of more
+    than one token): each special case that holds a prefix, infix, suffix or space (every one without
     `faster_heuristics`), its tokens by affixes alone (a tokenizer without special cases)."""
     from spacy.tokenizer import Tokenizer
     bare = Tokenizer(tokenizer.vocab, rules={}, prefix_search=tokenizer.prefix_search,
                      suffix_search=tokenizer.suffix_search, infix_finditer=tokenizer.infix_finditer,
                      token_match=tokenizer.token_match, url_match=tokenizer.url_match)
-    patterns = []
+    keys, patterns = [], []
     for string in tokenizer.rules:
         if (not tokenizer.faster_heuristics or tokenizer.find_prefix(string) or tokenizer.find_infix(string)
                 or tokenizer.find_suffix(string) or " " in string):
+            keys.append(string)
             tokens = [t.text for t in bare(string)]
             if len(tokens) > 1:
                 patterns.append(tokens)
-    return patterns
+    return keys, patterns
 
 
 _BY_TOKENIZER: dict[int, ChunkTokens] = {}

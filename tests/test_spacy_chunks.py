@@ -86,7 +86,7 @@ def test_adversarial_text_gives_spacys_tokens(lang):
     for text in ADVERSARIAL + [" ".join(ADVERSARIAL), "\n".join(ADVERSARIAL)]:
         assert same(chunks, text), (lang, text)
         assert same(chunks, text), (lang, text)        # again, from the pieces it now knows
-    for text in mixes(chunks.tokenizer, 400, seed=40):
+    for text in mixes(chunks.tokenizer, 150, seed=40):
         assert same(chunks, text), (lang, text)
 
 
@@ -99,9 +99,9 @@ def test_crossing_special_cases_are_needed_and_found():
     assert same(chunks, text)
     assert [text[a:a + n] for a, n, *_ in chunks.arrays(text).tolist()] == ["Viajó", "a", "EE. UU.", "ayer"]
     blind = spacy_chunks.ChunkTokens(es)
-    blind._cuts = []
+    blind._by_last, blind._by_first = {}, {}      # no crossing test
     assert not same(blind, text)
-    texts = mixes(es, 400, seed=41)
+    texts = mixes(es, 300, seed=41)
     assert not all(same(blind, t) for t in texts)       # the random mixes hit crossings too
     assert all(same(chunks, t) for t in texts)
 
@@ -111,8 +111,8 @@ def test_real_text_gives_spacys_tokens(shared_data):
         chunks = spacy_chunks.for_tokenizer(tokenizer)
         for path in sorted((shared_data / "text").glob("*.jsonl")):
             with open(path, encoding="utf-8") as fh:
-                for _, line in zip(range(15), fh):
-                    text = json.loads(line)["text"][:20000]
+                for _, line in zip(range(4), fh):
+                    text = json.loads(line)["text"][:8000]
                     assert same(chunks, text), (lang, path.name, text[:200])
 
 
