@@ -46,13 +46,17 @@ class ChunkTokens:
         keys, patterns = matcher_patterns(tokenizer)
         # a piece's first / last token before matching is its first / last token after, unless a match
         # rewrote it: then the piece starts / ends with that special case's text
-        self._keys, self._key_lengths = frozenset(keys), sorted(set(map(len, keys)))
+        alternatives = "|".join(map(re.escape, sorted(keys, key=len, reverse=True))) or r"(?!)"
+        self._starts_with_key = re.compile(alternatives).match
+        self._ends_with_key = re.compile("|".join(map(re.escape, sorted((k[::-1] for k in keys), key=len,
+                                                                        reverse=True))) or r"(?!)").match
         self._cuts = [(tuple(p[:a]), tuple(p[a:])) for p in patterns for a in range(1, len(p))]
         self._by_last, self._by_first = {}, {}      # the cuts by the token a piece must end / start with
         for i, (first, rest) in enumerate(self._cuts):
             self._by_last.setdefault(first[-1], []).append(i)
             self._by_first.setdefault(rest[0], []).append(i)
         self._span = max(map(len, patterns), default=0)     # a match spans at most this many pieces
+        self._batch = not any("\n" in p for p in patterns)
 
     def arrays(self, text: str) -> np.ndarray:
         """spaCy's `tokenizer(text).to_array([IDX, LENGTH, ORTH, IS_PUNCT])` as an (n, 4) uint64 array."""
@@ -67,8 +71,7 @@ class ChunkTokens:
             if len(known) > MAX_PIECES:
                 known.clear()
                 known[""] = _NONE
-            for piece in set(pieces).difference(known):
-                known[piece] = self._piece(piece)
+            self._learn(set(pieces).difference(known))
             entries = list(map(known.__getitem__, pieces))
         codes = np.fromiter(map(itemgetter(0), entries), np.int64, n)     # 4 x token count + flags
         counts = codes >> 2
@@ -109,10 +112,30 @@ class ChunkTokens:
     def whole(self, text: str) -> np.ndarray:
         return token_array(self.tokenizer, text)
 
+    def _learn(self, new: set) -> None:
+        """Tokenise pieces not seen yet. Words (pieces without whitespace) go to spaCy together, one
+        per line: no special case's pattern holds a newline token (`_batch`), so no match reaches
+        across the newlines and each word's tokens are its own."""
+        words = [p for p in new if isinstance(p, str) and p and not p[0].isspace()] if self._batch else []
+        for piece in new.difference(words):
+            self._known[piece] = self._piece(piece)
+        if not words:
+            return
+        lengths = np.fromiter(map(len, words), np.int64, len(words))
+        starts = np.zeros(len(words), np.int64)
+        np.cumsum(lengths[:-1] + 1, out=starts[1:])
+        arr = self.whole("\n".join(words))
+        idx = arr[:, 0].astype(np.int64)
+        which = np.searchsorted(starts, idx, "right") - 1
+        inside = idx < starts[which] + lengths[which]            # not a newline between two words
+        arr, which = arr[inside], which[inside]
+        arr[:, 0] -= starts[which].astype(np.uint64)
+        bounds = np.searchsorted(which, np.arange(len(words) + 1)).tolist()
+        for k, word in enumerate(words):
+            self._known[word] = self._entry(word, arr[bounds[k]:bounds[k + 1]])
+
     def _piece(self, piece) -> tuple:
-        """(4 x token count + 1 if it could end a special case's match + 2 if it could start one,
-        (relative idx, length, orth, is_punct) of each token as bytes, the cuts it could end, those it
-        could start)."""
+        """A piece's entry (see `_entry`), spaCy run on the piece alone."""
         if isinstance(piece, tuple):                 # the leading whitespace run
             text, shift = piece[0], 0
         elif piece[0] == " ":                        # a run after a token: its first space is dropped
@@ -123,10 +146,16 @@ class ChunkTokens:
             return _NONE
         arr = self.whole(text)
         arr[:, 0] += shift
+        return self._entry(text, arr)
+
+    def _entry(self, text: str, arr: np.ndarray) -> tuple:
+        """(4 x token count + 1 if it could end a special case's match + 2 if it could start one,
+        (relative idx, length, orth, is_punct) of each token as bytes, the cuts it could end, those it
+        could start)."""
         ends = starts = frozenset()
-        first, last = arr[0, 2], arr[-1, 2]
-        if (self.tokenizer.vocab.strings[int(first)] in self._by_first or self.tokenizer.vocab.strings[int(last)] in self._by_last
-                or any(text[:n] in self._keys or text[-n:] in self._keys for n in self._key_lengths)):
+        strings = self.tokenizer.vocab.strings
+        if (strings[int(arr[0, 2])] in self._by_first or strings[int(arr[-1, 2])] in self._by_last
+                or self._starts_with_key(text) or self._ends_with_key(text[::-1])):
             # what the matcher sees: the piece's tokens before special cases are matched
             seen = tuple(t.text for t in self._affixes_only(text))
             cuts = self._cuts

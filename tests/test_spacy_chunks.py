@@ -124,3 +124,14 @@ def test_memory_is_bounded(monkeypatch):
     assert len(chunks._known) <= 50 + 400 + 3
     assert same(chunks, "fresh words here") and len(chunks._known) < 10
     assert np.array_equal(chunks.arrays(text), spacy_chunks.token_array(chunks.tokenizer, text))
+
+
+def test_words_learnt_one_by_one_or_together_agree():
+    """New words go to spaCy together, one per line (no pattern holds a newline token); the same
+    tokens as one spaCy call per piece."""
+    en = load_word_tokenizer("eng").tokenizer.tokenizer
+    together, alone = spacy_chunks.ChunkTokens(en), spacy_chunks.ChunkTokens(en)
+    alone._batch = False
+    assert together._batch
+    for text in ADVERSARIAL + mixes(en, 60, seed=42):
+        assert np.array_equal(together.arrays(text), alone.arrays(text)) and same(together, text), text
