@@ -16,6 +16,7 @@ Both must decide the same (checked here on every document; tests/test_heuristics
 
     .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
     .venv/bin/python bench/heuristics_speed.py --check-all quipu,datatrove
+    .venv/bin/python bench/heuristics_speed.py --check-tokens
 """
 from __future__ import annotations
 
@@ -63,6 +64,25 @@ def check_all(modes: list[str]) -> None:
                 _, then, _ = run(batch, compat)
             print(f"check-all {name} compat {compat}: {batch.num_rows} documents, kept {kept}, same decisions and "
                   f"texts: {now == then}", flush=True)
+
+
+def check_tokens() -> None:
+    """Every document of ../shared/data/text (whole, every file) and of the demo corpus through every
+    spaCy tokenizer `compat: datatrove` uses: tasks/spacy_chunks.py's tokens against spaCy's own."""
+    import numpy as np
+    from datatrove.utils.word_tokenizers import load_word_tokenizer
+
+    from quipu.synthetic.corpus import SEED, DocumentPlan
+    from quipu.tasks import spacy_chunks
+    from quipu.tasks.languages import LANGUAGES
+    texts = load(10**9, every_file=True, cut=None).column("text").to_pylist()
+    texts += [d.plain() for d in DocumentPlan(1.0, seed=SEED).build()]
+    for lang in sorted({entry.tokenizer for entry in LANGUAGES.values()}):
+        tokenizer = load_word_tokenizer(lang).tokenizer.tokenizer
+        chunks = spacy_chunks.for_tokenizer(tokenizer)
+        same = sum(np.array_equal(chunks.arrays(t), spacy_chunks.token_array(tokenizer, t)) for t in texts)
+        print(f"check-tokens {lang}: {len(texts)} documents, the same tokens as spaCy on {same}: {same == len(texts)}",
+              flush=True)
 
 
 @contextlib.contextmanager
@@ -137,7 +157,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--check-all", default="", help="comma list of modes (quipu,datatrove): only the identity "
                     "check over every shared text document and the demo corpus")
+    ap.add_argument("--check-tokens", action="store_true", help="only the token check of tasks/spacy_chunks.py "
+                    "against spaCy over every shared text document and the demo corpus, every language")
     args = ap.parse_args()
+    if args.check_tokens:
+        return check_tokens()
     if args.check_all:
         return check_all(args.check_all.split(","))
     batch = load(args.per_file)
