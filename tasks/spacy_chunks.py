@@ -31,7 +31,7 @@ import numpy as np
 
 # `\s` in a str pattern and `str.isspace` hold the same code points (tests/test_spacy_chunks.py checks all)
 _PIECES = re.compile(r"(\s+)").split
-MAX_PIECES = 200_000            # distinct pieces remembered per tokenizer (~60 MB at worst), then started afresh
+MAX_PIECES = 100_000            # distinct pieces remembered per tokenizer (~0.9 KB each with their lexemes), then afresh
 _NONE = (0, b"", frozenset(), frozenset())
 
 
