@@ -7,13 +7,16 @@ of this process, rounds alternating (the best round of each counts: the machine 
 - `before`: the same stage with the speed-ups undone in place: language_rules' plain classes (not
   language_rules_fast's) with their per-word caches off (`__wrapped__`), datatrove's own
   `GopherQualityFilter` and `C4QualityFilter`, `DocTokens.words` slicing the text per call, and gopher_counts'
-  `WordStats` counting n-grams with the code of before this issue (bench/heuristics_before.py).
+  `WordStats` counting n-grams with the code of before this issue (bench/heuristics_before.py), and
+  `DocTokens.of` running spaCy on each whole document (not tasks/spacy_chunks.py's pieces).
   (`WordStats`' ids and arrays, `SharedTokens` and spaCy's cache predate the issue: both sides.)
-Before the timed rounds each side runs once untimed (spaCy's cache warm for both).
+Before the timed rounds each side runs once untimed (spaCy's cache warm for both; the last column: that
+first pass's CPU seconds, `now` with spacy_chunks' pieces still to learn, after `before` warmed spaCy's vocabulary).
 Both must decide the same (checked here on every document; tests/test_heuristics_speed.py too).
 
     .venv/bin/python bench/heuristics_speed.py [--per-file 60] [--rounds 2]
     .venv/bin/python bench/heuristics_speed.py --check-all quipu,datatrove
+    .venv/bin/python bench/heuristics_speed.py --check-tokens
 """
 from __future__ import annotations
 
@@ -63,15 +66,42 @@ def check_all(modes: list[str]) -> None:
                   f"texts: {now == then}", flush=True)
 
 
+def check_tokens() -> None:
+    """Every document of ../shared/data/text (whole, every file) and of the demo corpus through every
+    spaCy tokenizer `compat: datatrove` uses: tasks/spacy_chunks.py's tokens against spaCy's own."""
+    import numpy as np
+    from datatrove.utils.word_tokenizers import load_word_tokenizer
+
+    from quipu.synthetic.corpus import SEED, DocumentPlan
+    from quipu.tasks import spacy_chunks
+    from quipu.tasks.languages import LANGUAGES
+    texts = load(10**9, every_file=True, cut=None).column("text").to_pylist()
+    texts += [d.plain() for d in DocumentPlan(1.0, seed=SEED).build()]
+    for lang in sorted({entry.tokenizer for entry in LANGUAGES.values()}):
+        tokenizer = load_word_tokenizer(lang).tokenizer.tokenizer
+        chunks = spacy_chunks.for_tokenizer(tokenizer)
+        same = sum(np.array_equal(chunks.arrays(t), spacy_chunks.token_array(tokenizer, t)) for t in texts)
+        print(f"check-tokens {lang}: {len(texts)} documents, the same tokens as spaCy on {same}: {same == len(texts)}",
+              flush=True)
+
+
 @contextlib.contextmanager
 def before():
     """The stage as it was before the speed-ups (see the module docstring)."""
     from heuristics_before import WordStatsBefore
 
-    from quipu.tasks import gopher_counts, heuristics, language_rules, language_rules_fast
+    from quipu.tasks import gopher_counts, heuristics, language_rules, language_rules_fast, spacy_chunks
     saved = {n: getattr(language_rules, n) for n in ("is_punct_only", "bare", "has_letter", "words_of")}
     counting = {n: getattr(gopher_counts.WordStats, n) for n in vars(WordStatsBefore) if not n.startswith("__")}
     spec, c4_spec, words = heuristics.FILTERS["gopher_quality"], heuristics.FILTERS["c4"], heuristics.DocTokens.words
+    doc_tokens_of = heuristics.DocTokens.__dict__["of"]
+
+    def spacy_whole(cls, text, nlp):        # spaCy on the whole document (before tasks/spacy_chunks.py)
+        try:
+            arr = spacy_chunks.token_array(nlp.tokenizer, text)
+        except Exception:
+            return None
+        return cls(text, arr, frozenset(nlp.get_pipe("sentencizer").punct_chars))
     fast_rules = dict(language_rules_fast.RULES)
 
     def old_words(self, first, end):
@@ -85,6 +115,7 @@ def before():
         heuristics.FILTERS["gopher_quality"] = (spec[0], "datatrove.pipeline.filters:GopherQualityFilter")
         heuristics.FILTERS["c4"] = (c4_spec[0], "datatrove.pipeline.filters:C4QualityFilter")
         heuristics.DocTokens.words = old_words
+        heuristics.DocTokens.of = classmethod(spacy_whole)
         language_rules_fast.RULES.update(language_rules.RULES)
         for n in counting:
             setattr(gopher_counts.WordStats, n, getattr(WordStatsBefore, n))
@@ -96,6 +127,7 @@ def before():
         for n, f in counting.items():
             setattr(gopher_counts.WordStats, n, f)
         heuristics.FILTERS["gopher_quality"], heuristics.FILTERS["c4"], heuristics.DocTokens.words = spec, c4_spec, words
+        heuristics.DocTokens.of = doc_tokens_of
 
 
 def run(batch, compat: str) -> tuple[float, list, int]:
@@ -106,7 +138,9 @@ def run(batch, compat: str) -> tuple[float, list, int]:
               language_rules_fast.words_and_stats, language_rules_fast.word_stats):
         getattr(f, "cache_clear", lambda: None)()      # no answers carried over from the other side's round
     language_rules_fast.BARE.known.clear()
-    for words in (language_rules_fast.PUNCT_ONLY, language_rules_fast.NO_LETTER):
+    from quipu.tasks import gopher_quality_fast
+    for words in (language_rules_fast.PUNCT_ONLY, language_rules_fast.NO_LETTER, gopher_quality_fast.ONLY_SYMBOLS,
+                  gopher_quality_fast.NO_LETTER):
         words.seen, words.having = set(), set()
     stage = HeuristicFilters(HeuristicsConfig(compat=compat))
     stage.process(batch.slice(0, 5))                   # spaCy / filters loaded before the clock
@@ -123,18 +157,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--check-all", default="", help="comma list of modes (quipu,datatrove): only the identity "
                     "check over every shared text document and the demo corpus")
+    ap.add_argument("--check-tokens", action="store_true", help="only the token check of tasks/spacy_chunks.py "
+                    "against spaCy over every shared text document and the demo corpus, every language")
     args = ap.parse_args()
+    if args.check_tokens:
+        return check_tokens()
     if args.check_all:
         return check_all(args.check_all.split(","))
     batch = load(args.per_file)
     print(f"{batch.num_rows} documents; load {os.getloadavg()}", flush=True)
-    print("| compat | docs | before: CPU s (docs/s) | now: CPU s (docs/s) | speed-up | same decisions and texts |\n|---|---|---|---|---|---|")
+    print("| compat | docs | before: CPU s (docs/s) | now: CPU s (docs/s) | speed-up | same decisions and texts | first pass CPU s, before / now |\n|---|---|---|---|---|---|---|")
     for compat in ("datatrove", "quipu"):
         best = {}
         same = True
         with before():
-            run(batch, compat)                         # untimed: spaCy's cache warm for both sides
-        run(batch, compat)
+            first_b = run(batch, compat)[0]            # untimed: spaCy's cache warm for both sides
+        first_n = run(batch, compat)[0]                # (and the pieces of tasks/spacy_chunks.py known)
         for _ in range(args.rounds):
             with before():
                 b, out_b, _ = run(batch, compat)
@@ -143,7 +181,7 @@ def main() -> None:
             best["before"], best["now"] = min(best.get("before", b), b), min(best.get("now", a), a)
         n = batch.num_rows
         print(f"| {compat} | {n} | {best['before']:.2f} ({n / best['before']:.0f}) | {best['now']:.2f} ({n / best['now']:.0f}) | "
-              f"{best['before'] / best['now']:.2f}x | {same} |", flush=True)
+              f"{best['before'] / best['now']:.2f}x | {same} | {first_b:.2f} / {first_n:.2f} |", flush=True)
     print(f"load after {os.getloadavg()}")
 
 

@@ -12,14 +12,13 @@ own class on real en/es/pt text).
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import compress
 from operator import mul
 
 import numpy as np
 from datatrove.pipeline.filters.gopher_quality_filter import GopherQualityFilter
 from datatrove.utils.text import PUNCTUATION_SET, split_into_words
 
-from quipu.tasks.language_rules_fast import PerWord
+from quipu.tasks.language_rules_fast import WordsWith
 
 WORD_CACHE = 1 << 17
 
@@ -34,7 +33,16 @@ def has_letter(word: str) -> bool:
     return any(c.isalpha() for c in word)
 
 
-NOT_ONLY_SYMBOLS, HAS_LETTER = PerWord(not_only_symbols), PerWord(has_letter)
+def only_symbols(word: str) -> bool:
+    return not not_only_symbols(word)
+
+
+def no_letter(word: str) -> bool:
+    return not has_letter(word)
+
+
+# the few words that are symbols only or hold no letter, by set operations over the words seen
+ONLY_SYMBOLS, NO_LETTER = WordsWith(only_symbols, WORD_CACHE), WordsWith(no_letter, WORD_CACHE)
 
 
 class GopherQualityFast(GopherQualityFilter):
@@ -46,9 +54,9 @@ class GopherQualityFast(GopherQualityFilter):
         stats = SharedTokens.word_stats(words)     # the document's words as distinct words + counts
         if stats is None:
             return self._filter_words(text, words)
-        distinct, counts = stats.distinct, stats.counts.tolist()
-        non_symbol = NOT_ONLY_SYMBOLS(distinct)
-        n_non_symbol_words_words = sum(compress(counts, non_symbol))
+        distinct, counts, index = stats.distinct, stats.counts.tolist(), stats.index
+        symbols = [index[w] for w in ONLY_SYMBOLS.among(distinct)]
+        n_non_symbol_words_words = n_words - sum(counts[i] for i in symbols)
 
         if self.min_doc_words and n_non_symbol_words_words < self.min_doc_words:
             return False, "gopher_short_doc"
@@ -56,9 +64,10 @@ class GopherQualityFast(GopherQualityFilter):
             return False, "gopher_long_doc"
 
         # np.mean of integers is their exact sum over n (float64 sums of integers below 2**53)
-        length = sum(compress(map(mul, map(len, distinct), counts), non_symbol))
+        length = sum(map(mul, map(len, distinct), counts)) - sum(len(distinct[i]) * counts[i] for i in symbols)
         avg_n_words = length / n_non_symbol_words_words if n_non_symbol_words_words else np.mean([])
-        return self._rest(text, n_words, avg_n_words, sum(compress(counts, HAS_LETTER(distinct))), distinct)
+        n_alpha = n_words - sum(counts[index[w]] for w in NO_LETTER.among(distinct))
+        return self._rest(text, n_words, avg_n_words, n_alpha, distinct)
 
     def _filter_words(self, text: str, words: list[str]) -> bool | tuple[bool, str]:
         """datatrove's filter over a word list (words that are not the judged document's)."""

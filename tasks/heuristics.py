@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quipu.tasks import gopher_counts, language_rules_fast, languages
+from quipu.tasks import gopher_counts, language_rules_fast, languages, spacy_chunks
 from quipu.tasks.per_language import PerLanguage, check_language_code, resolve
 from quipu.tasks.schema import set_column
 from quipu.tasks.stage import Outcome, RunContext, Stage, StageConfig, split_by_mask
@@ -319,10 +319,8 @@ class SharedTokens:
 class DocTokens:
     """A text's spaCy tokens as arrays (char offset, length, orth hash, is_punct), with its lines."""
 
-    def __init__(self, text: str, doc, punct_chars: frozenset):
+    def __init__(self, text: str, arr, punct_chars: frozenset):
         import numpy as np
-        from spacy.attrs import IDX, IS_PUNCT, LENGTH, ORTH
-        arr = doc.to_array([IDX, LENGTH, ORTH, IS_PUNCT]).reshape(-1, 4) if len(doc) else np.zeros((0, 4), np.uint64)
         self.text = text
         self.idx, self.length = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
         hashes = _punct_hashes(punct_chars)                               # sorted: a binary search
@@ -334,11 +332,14 @@ class DocTokens:
 
     @classmethod
     def of(cls, text: str, nlp) -> "DocTokens | None":
+        """spaCy's tokens of `text`, each distinct whitespace-separated piece tokenised once (the same
+        tokens: tasks/spacy_chunks.py)."""
         try:
-            doc = nlp.tokenizer(text)
+            chunks = spacy_chunks.for_tokenizer(nlp.tokenizer)
+            arr = chunks.arrays(text) if chunks is not None else spacy_chunks.token_array(nlp.tokenizer, text)
         except Exception:
             return None
-        return cls(text, doc, frozenset(nlp.get_pipe("sentencizer").punct_chars))
+        return cls(text, arr, frozenset(nlp.get_pipe("sentencizer").punct_chars))
 
     def find_line(self, part: str) -> tuple[int, int, int] | None:
         """(char offset, first token, end token) of `part` if it is one of the text's lines, stripped."""
