@@ -127,7 +127,11 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
     measured (its largest size): each stage of the shipped config at its measured core-seconds per
     input page, on all cores at once, plus dedup's serial combine + commit (per document reaching
     it, from the million-document run); and per PDF page from its PDF run."""
-    warc = max((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"], default=None)
+    warcs = [r for r in crawl["rows"] if r["what"].startswith("WARC")]
+    # a run whose CPU counts only reaped children (before the sampled count) undercounts the extract
+    # stage's long-lived HTML child: its memory, disk and wall time stand, its CPU is not projected
+    counted = [r for r in warcs if "cpu_sampled" in r] or warcs
+    warc = max(counted, key=lambda r: r["n"], default=None)
     serial = costs["stages"]["dedup"].get("serial_s_per_doc", 0.0)
 
     def per_page(row: dict) -> dict[str, tuple[float, float]]:
@@ -136,12 +140,24 @@ def crawl_lines(crawl: dict, costs: dict, cores: list[int], pages: int) -> list[
                 for name, v in row["stages"].items()}
 
     return (warc_run_lines(warc, per_page, serial, cores, pages, crawl.get("config")) if warc else []) + \
-        growth_lines(crawl, per_page) + pdf_run_lines(crawl, per_page, cores)
+        growth_lines(counted, per_page) + size_lines(warcs) + pdf_run_lines(crawl, per_page, cores)
 
 
-def growth_lines(crawl: dict, per_page) -> list[str]:
+def size_lines(warcs: list[dict]) -> list[str]:
+    """Memory, disk and wall time at each WARC size measured (every run, whatever its CPU count)."""
+    rows = sorted(warcs, key=lambda r: r["n"])
+    if len(rows) < 2:
+        return []
+    return ["Memory, disk and wall clock at each size measured:", "",
+            "| pages | peak RSS of the run's tree (GiB) | disk with every intermediate (MiB) | bytes per page | wall s | "
+            "load (1 min) before / after |", "|---:|---:|---:|---:|---:|---|"] + \
+        [f"| {r['n']:,} | {r['tree_peak_rss'] / 2**30:.2f} | {r['disk_bytes'] / 2**20:,.0f} | {r['disk_bytes'] / r['n']:,.0f} | "
+         f"{r['seconds']:,.0f} | {r['load_before']:.1f} / {r['load_after']:.1f} |" for r in rows] + [""]
+
+
+def growth_lines(warcs: list[dict], per_page) -> list[str]:
     """CPU ms per page of every stage at each WARC size measured: does the cost grow with size?"""
-    rows = sorted((r for r in crawl["rows"] if r["what"].startswith("WARC")), key=lambda r: r["n"])
+    rows = sorted(warcs, key=lambda r: r["n"])
     if len(rows) < 2:
         return []
     costs = [per_page(r) for r in rows]
