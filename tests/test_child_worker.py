@@ -97,3 +97,20 @@ def test_run_limited_counts_the_commands_cpu_not_its_wall_clock():
     slow = run_limited([sys.executable, "-c", "import sys, time; time.sleep(1); sys.stdout.write(sys.stdin.read())"],
                        b"x" * 200_000, cpu_s=0.5)
     assert slow.returncode == 0 and slow.stdout == b"x" * 200_000
+
+
+def test_extract_keeps_a_page_that_a_loaded_machine_delays_past_its_limit():
+    """The extract stage's HTML child, stopped (SIGSTOP: a process that gets no CPU, as on a loaded
+    machine) for longer than the page's limit: the page is extracted, not removed as a timeout."""
+    from quipu.tasks.extract import HtmlExtractor
+    from tests.test_extract import ARTICLE
+    ex = HtmlExtractor()
+    try:
+        assert ex.extract(ARTICLE.encode(), None, {}, timeout_s=60, method="fast", min_prose=0.85)[0] == "ok"
+        pid = ex.worker.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
+        status, text, _ = ex.extract(ARTICLE.encode(), None, {}, timeout_s=0.5, method="fast", min_prose=0.85)
+        assert status == "ok" and "river rose" in text and ex.worker.proc.pid == pid
+    finally:
+        ex.stop()
