@@ -517,14 +517,20 @@ def _worker(max_memory_mb: int) -> ChildWorker:
     return w
 
 
+def reader_cpu(cfg: PdfConfig) -> float:
+    """CPU seconds this thread's PDF child(ren) have spent on answers so far: the clock the time
+    budgets count by (`doc_timeout_s`)."""
+    return _worker(cfg.max_memory_mb).cpu_total
+
+
 def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
     """Read one PDF (its bytes, or a local path) page by page in the child process, restarting it
     past a page that hangs or kills it; see the module docstring."""
-    spent = _worker(cfg.max_memory_mb).cpu_total
+    spent = reader_cpu(cfg)
     info, results, error = read_pages(source, cfg, budget_s=cfg.doc_timeout_s)
     if info is None:
         return unread(*error)
-    return lay_out(info, results, cfg, cfg.doc_timeout_s - (_worker(cfg.max_memory_mb).cpu_total - spent))
+    return lay_out(info, results, cfg, cfg.doc_timeout_s - (reader_cpu(cfg) - spent))
 
 
 def lay_out(info: dict, results: dict[int, dict], cfg: PdfConfig, seconds_left: float) -> PdfRead:
