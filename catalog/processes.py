@@ -10,15 +10,33 @@ import socket
 from pathlib import Path
 
 
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (`/proc/PID/stat` field 22), or None if
-    there is no such process: a pid plus this names one process even after the pid is reused."""
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """`/proc/PID/stat` from its third field (the state) on; [] if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (`/proc/PID/stat` field 22), or None if
+    there is no such process: a pid plus this names one process even after the pid is reused."""
+    fields = _stat_fields(pid)
     return fields[19].decode() if len(fields) > 19 else None
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) a process and its reaped children have used (`/proc/PID/stat`
+    fields 14-17), or None if it cannot be read."""
+    fields = _stat_fields(pid)
+    try:
+        return sum(int(f) for f in fields[11:15]) * _TICK_S if len(fields) > 14 else None
+    except ValueError:
+        return None
 
 
 def process_owner() -> str:

@@ -55,7 +55,7 @@ TOO_LARGE_REASONS = ("extract:too_large", "extract:payload_too_large", "extract:
 
 class ExtractConfig(StageConfig):
     batch_rows: int = Field(500, gt=0, description="documents per batch written (HTML pages are large)")
-    timeout_s: float = Field(10.0, gt=0, le=3600, description="per-document HTML extraction time limit")
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="per-document HTML extraction limit in CPU seconds of the extraction child (wall clock where there is no /proc, not Linux): a page costing more is removed (extract:timeout), whatever the machine's load; a child that uses no CPU and does not answer (a deadlock) is ended after 20x this (at least 120 s more) of wall clock")
     max_html_bytes: int = Field(5_000_000, gt=0, description="larger HTML payloads are removed unparsed")
     max_doc_bytes: int = Field(5_000_000, gt=0, description="larger documents are removed (extract:too_large)")
     min_chars: int = Field(1, ge=0, description="documents with fewer non-space characters are removed")
@@ -85,8 +85,9 @@ class HtmlExtractor:
     Pages can be sent ahead (`submit`) so that the child extracts one page while this process
     reads, repairs and writes the one before (`extract_unit` sends each HTML page one record
     ahead): answers come back in the order pages were sent, and `result` takes them in that order.
-    A page's time limit counts from when its answer is awaited. After a timeout or a crash the
-    pages sent behind the lost one go to the new worker."""
+    A page's time limit counts the CPU the child spends on it (`ChildWorker.receive`), so the pages
+    kept do not depend on the machine's load or on how far ahead they were sent. After a timeout or
+    a crash the pages sent behind the lost one go to the new worker."""
 
     def __init__(self):
         # the child imports html_text only (not this module: pyarrow, the PDF stack), so it starts fast

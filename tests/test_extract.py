@@ -163,3 +163,15 @@ def test_pages_sent_ahead_are_answered_in_order_and_resent_after_a_timeout():
         assert status == "ok" and "valley rose slowly" in text and not ex.pending
     finally:
         ex.stop()
+
+
+def test_warcio_is_imported_before_any_worker_thread():
+    """Two threads importing warcio for the first time at once race in its `six.moves` imports
+    ("'six' is not a package": reproduced with 4 threads, 7 fresh processes in 12). What the CLI
+    imports in its main thread, before curate's worker threads start, imports warcio whole."""
+    import subprocess
+    import sys
+    code = ("import sys, quipu.flows.curate_cli, quipu.flows.curate\n"
+            "print(all(m in sys.modules for m in ('warcio.archiveiterator', 'warcio.bufferedreaders', "
+            "'warcio.statusandheaders', 'warcio.recordloader')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"

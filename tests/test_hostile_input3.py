@@ -67,13 +67,14 @@ def test_layout_runs_in_the_child_under_the_documents_time_budget():
 
 
 def _serve_hanging_on_page(hang: int, pid_file: str, conn, max_memory_mb: int) -> None:   # runs in the child
-    """The PDF child, whose parse of page `hang` (0-based) never returns; it notes its pid first."""
+    """The PDF child, whose parse of page `hang` (0-based) loops for ever; it notes its pid first."""
     real = pdf._read_page
 
     def read_page(doc, i, cfg, state):
         if i == hang:
             Path(pid_file).write_text(str(os.getpid()))
-            time.sleep(3600)
+            while True:      # the limit counts CPU: a parser stuck in a loop (a sleep: the wall backstop)
+                pass
         return real(doc, i, cfg, state)
     pdf._read_page = read_page
     pdf._serve(conn, max_memory_mb)
@@ -85,7 +86,7 @@ def test_a_page_whose_parse_hangs_is_dropped_and_reading_goes_on_in_a_fresh_chil
     import functools
 
     from quipu.tasks.child_worker import ChildWorker
-    cfg = PdfConfig(ocr="never", page_timeout_s=1.5)
+    cfg = PdfConfig(ocr="never", page_timeout_s=0.75)
     hung = tmp_path / "hung.pid"
     old = getattr(pdf._local, "pdf_worker", None)
     if old is not None:

@@ -1,7 +1,9 @@
 """PDF documents for stage `extract`: born-digital text with pdfium, scanned pages with Tesseract.
 
 One PDF is one document. Each page is read in a child process (`child_worker.ChildWorker`) under a
-memory limit (`max_memory_mb`, RLIMIT_AS) and a time limit per page (`page_timeout_s`): pdfium is
+memory limit (`max_memory_mb`, RLIMIT_AS) and a time limit per page (`page_timeout_s`, CPU seconds of
+the child and its Tesseract, so that what is kept does not depend on the machine's load; a child
+that uses no CPU and never answers is ended by `child_worker.wall_backstop`): pdfium is
 native code, and a hostile PDF (recursive object streams, a decompression bomb, a page that makes
 the parser loop) must cost at most its page, never the run. A page that times out or kills the
 child is counted (`pdf:page_timeout`, `pdf:page_error`) and reading goes on with the next page in a
@@ -43,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.tasks.child_worker import ChildWorker, die_with_parent
+from quipu.tasks.child_worker import ChildWorker, die_with_parent, run_limited
 from quipu.tasks.languages import by_tesseract
 from quipu.tasks.reading.pdf_layout import Line, Page, document_text
 
@@ -62,8 +64,8 @@ class PdfConfig(BaseModel):
                                      description="Tesseract language codes, tried together (spa+por+eng)")
     ocr_dpi: int = Field(300, ge=72, le=600, description="resolution pages are rendered at for OCR")
     max_ocr_megapixels: float = Field(40.0, gt=0, description="a page rendered for OCR is scaled down to at most this many pixels (a huge page is no memory bomb)")
-    page_timeout_s: float = Field(60.0, gt=0, le=3600, description="one page (text layer or OCR) taking longer is dropped (pdf:page_timeout)")
-    doc_timeout_s: float = Field(1800.0, gt=0, le=86400, description="the document's time budget: pages still unread after this long are dropped (pdf:time_budget), layout then gets what is left (at least page_timeout_s); a long PDF read in page ranges shares it among them by page count")
+    page_timeout_s: float = Field(60.0, gt=0, le=3600, description="one page (text layer or OCR) costing the reader process and its Tesseract more CPU seconds than this is dropped (pdf:page_timeout); CPU, not wall clock, so that what is kept does not depend on the machine's load (wall clock where there is no /proc, not Linux); a reader that uses no CPU and does not answer (a deadlock) is ended after 20x this (at least 120 s more) of wall clock")
+    doc_timeout_s: float = Field(1800.0, gt=0, le=86400, description="the document's budget of CPU seconds (as page_timeout_s): pages still unread once the reader has spent this much on the document are dropped (pdf:time_budget), layout then gets what is left (at least page_timeout_s); a long PDF read in page ranges shares it among them by page count")
     max_pages: int = Field(2000, gt=0, description="pages after this many are not read (pdf:over_max_pages)")
     pages_per_unit: int = Field(200, ge=0, description="a local PDF with more pages is read as work units of this many pages each, joined into one document (quipu.tasks.reading.pdf_ranges); 0: never split")
     max_memory_mb: int = Field(2048, ge=256, description="address-space limit of the process that parses PDFs (a page exceeding it is pdf:page_error)")
@@ -424,9 +426,10 @@ def ocr_page(page, width: float, height: float, cfg: PdfConfig, tesseract: str,
     image.save(buf, format="PPM")       # uncompressed: no time spent on PNG either side
     del image
     env = {**os.environ, "OMP_THREAD_LIMIT": "1"}   # one core per page: the workers parallelise
-    proc = subprocess.run([tesseract, "stdin", "stdout", "-l", "+".join(languages), "--psm", "3",
-                           "--dpi", str(round(72 * scale)), "tsv"], input=buf.getvalue(), capture_output=True,
-                          timeout=0.9 * cfg.page_timeout_s, env=env, check=False, preexec_fn=die_with_parent)
+    # its CPU, not its wall clock, is limited (as the page's): OCR under load keeps the same pages
+    proc = run_limited([tesseract, "stdin", "stdout", "-l", "+".join(languages), "--psm", "3",
+                        "--dpi", str(round(72 * scale)), "tsv"], buf.getvalue(), 0.9 * cfg.page_timeout_s,
+                       env=env, preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise subprocess.SubprocessError(f"tesseract exited {proc.returncode}: "
                                          f"{proc.stderr.decode('utf-8', 'replace').strip()[-200:]}")
@@ -514,14 +517,20 @@ def _worker(max_memory_mb: int) -> ChildWorker:
     return w
 
 
+def reader_cpu(cfg: PdfConfig) -> float:
+    """CPU seconds this thread's PDF child(ren) have spent on answers so far: the clock the time
+    budgets count by (`doc_timeout_s`)."""
+    return _worker(cfg.max_memory_mb).cpu_total
+
+
 def read_pdf(source: bytes | str, cfg: PdfConfig) -> PdfRead:
     """Read one PDF (its bytes, or a local path) page by page in the child process, restarting it
     past a page that hangs or kills it; see the module docstring."""
-    deadline = time.monotonic() + cfg.doc_timeout_s
+    spent = reader_cpu(cfg)
     info, results, error = read_pages(source, cfg, budget_s=cfg.doc_timeout_s)
     if info is None:
         return unread(*error)
-    return lay_out(info, results, cfg, deadline - time.monotonic())
+    return lay_out(info, results, cfg, cfg.doc_timeout_s - (reader_cpu(cfg) - spent))
 
 
 def lay_out(info: dict, results: dict[int, dict], cfg: PdfConfig, seconds_left: float) -> PdfRead:
@@ -564,7 +573,8 @@ def read_pages(source: bytes | str, cfg: PdfConfig, first: int = 0, end: int | N
     exe, languages = tesseract_setup(tuple(cfg.ocr_languages)) if cfg.ocr != "never" else (None, ())
     job = {"pdf": cfg.model_dump(), "max_pages": stop, "tesseract": exe, "languages": list(languages)}
     worker = _worker(cfg.max_memory_mb)
-    deadline = time.monotonic() + (cfg.doc_timeout_s if budget_s is None else budget_s)
+    budget = cfg.doc_timeout_s if budget_s is None else budget_s
+    spent = worker.cpu_total       # the budget counts the CPU the reader spends on this document
     results: dict[int, dict] = {}
     info: dict | None = None
     start, batch = first, True
@@ -582,7 +592,7 @@ def read_pages(source: bytes | str, cfg: PdfConfig, first: int = 0, end: int | N
         last = _last(info, stop)
         i, finished = start, False
         while True:
-            left = deadline - time.monotonic()
+            left = budget - (worker.cpu_total - spent)
             if left <= 0:
                 worker.stop()
                 results.update({k: {"status": "dropped", "reason": "pdf:time_budget"} for k in range(i, last)})

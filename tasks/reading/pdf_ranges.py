@@ -26,11 +26,11 @@ would be, with its pages taken from the parts instead of the child: `pdf.documen
 pages together, so running headers, footers and page numbers are found across the whole document,
 paragraphs and hyphenated words run on across range boundaries, and the text, metadata, page counts,
 OCR confidence and dropped-page rows are those of the unsplit document, byte for byte. The time
-budget is the document's: each range reads under its share of `doc_timeout_s` (by page count), and
-the join lays out under what the ranges left of it (at least `page_timeout_s`), in the child process
-as an unsplit read does. What is per range, not per document: the OCR language a document's first
-OCR'd page teaches the next pages (each range learns it again; with one `ocr_languages` entry, or
-born-digital pages, nothing differs).
+budget is the document's (CPU seconds of the PDF child): each range reads under its share of
+`doc_timeout_s` (by page count), and the join lays out under what the ranges left of it (at least
+`page_timeout_s`), in the child process as an unsplit read does. What is per range, not per
+document: the OCR language a document's first OCR'd page teaches the next pages (each range learns
+it again; with one `ocr_languages` entry, or born-digital pages, nothing differs).
 
 A PDF that changed between planning and joining (another file under its name, pages added or cut:
 its ranges' bytes differ from each other or from the file's, or pages are in no range) cannot be
@@ -90,6 +90,7 @@ class PdfPagesPart(PhaseResult):
     first_page: int             # from 1
     last_page: int
     input_sha256: str = ""      # the whole file's when the range was read ("": not known)
+    cpu_seconds: float = 0.0    # what the PDF child spent reading it: of the document's budget
     pages: Shard                # the JSON file of the pages' results (rows: pages in it)
 
     def outputs(self) -> list[Shard]:
@@ -105,13 +106,15 @@ def _read_range(part: FileSlice, layout: StageLayout, key: str, cfg: PdfConfig) 
     t0 = time.perf_counter()
     local = local_path(part.path)
     share = (part.end - part.start) / max(1, min(part.before, cfg.max_pages))   # of the document's budget
+    spent = pdf.reader_cpu(cfg)
     info, results, error = pdf.read_pages(local, cfg, part.start, part.end, budget_s=cfg.doc_timeout_s * share)
+    spent = pdf.reader_cpu(cfg) - spent
     path = layout.scratch(PARTS_DIR) / f"{key}.json"    # a work folder: deleted when the run completes
     body = {"first": part.start, "end": part.end, "info": info, "error": error,
             "results": [[i, results[i]] for i in sorted(results)]}
     write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode())
     return PdfPagesPart(shard=key, source=source_name(part.path), first_page=part.start + 1,
-                        last_page=part.end, seconds=time.perf_counter() - t0, input_sha256=_file_sha(local),
+                        last_page=part.end, seconds=time.perf_counter() - t0, input_sha256=_file_sha(local), cpu_seconds=spent,
                         pages=Shard(name=key, path=str(path), sha256=sha256_file(path), rows=len(results),
                                     bytes=path.stat().st_size))
 
@@ -148,5 +151,5 @@ def join_ranges(parts: list[PdfPagesPart], cfg: PdfConfig, source: str | None = 
     if missing or len({p.last_page for p in parts}) != len(parts):
         raise FileChanged(f"pdf changed while read: {parts[0].source} has pages {sorted(missing)[:5]} in no range read "
                           "(it changed after its ranges were planned)")
-    left = cfg.doc_timeout_s - sum(p.seconds for p in parts)
+    left = cfg.doc_timeout_s - sum(p.cpu_seconds for p in parts)     # CPU, as the budget counts
     return pdf.lay_out(info, results, cfg, left)

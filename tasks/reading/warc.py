@@ -8,6 +8,10 @@ import zlib
 from typing import Iterator
 
 import fsspec
+# at import, in the main thread: two threads importing warcio for the first time at once (curate's
+# workers on two WARC units) race in its `six.moves` imports ("'six' is not a package")
+from warcio.archiveiterator import ArchiveIterator
+from warcio.bufferedreaders import DecompressingBufferedReader
 
 from quipu.tasks.reading.files import FileSlice
 from quipu.tasks.reading.pdf import PDF_MIMES
@@ -34,8 +38,6 @@ class HeaderLineTooLong(ValueError):
 def _capped_reader_class():
     """warcio's buffered reader with a cap on `readline`: warcio reads header lines with it, and
     without a cap a header line of gigabytes is held whole."""
-    from warcio.bufferedreaders import DecompressingBufferedReader
-
     class CappedReader(DecompressingBufferedReader):
         line_cap = 1 << 20
 
@@ -175,8 +177,6 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
                     first: bool, skip: int = 0):
     """Read records from byte `start` until the end (returns None) or until damage (returns where the
     next record header is, after quarantining the damaged range)."""
-    from warcio.archiveiterator import ArchiveIterator
-
     fh.seek(start)
     it = ArchiveIterator(fh, arc2warc=True, check_digests=True)
     reader_cls = _capped_reader_class()
