@@ -114,6 +114,12 @@ def words_and_stats(text: str) -> tuple[list[str], dict]:
     return list(filterfalse(punct.__contains__, tokens)), distinct
 
 
+def count_words(text: str) -> int:
+    """`len(language_rules.words_of(text))`: the tokens less the punctuation-only ones."""
+    tokens = text.split()
+    return len(tokens) - len(words_matching("punct_only", tokens))
+
+
 @lru_cache(maxsize=4)
 def word_stats(text: str) -> WordStats:
     words, distinct = words_and_stats(text)
@@ -194,7 +200,7 @@ class FineWebFast(rules.FineWebRules):
         return {"line_punct_ratio": sum(map(rules.ends_in_punct, lines)) / len(lines),
                 "short_line_ratio": sum(len(line.strip()) <= short for line in lines) / len(lines),
                 "char_dup_ratio": find_duplicates(lines)[1] / chars,
-                "list_ratio": text.count("\n") / max(len(words_and_stats(text)[0]), 1)}
+                "list_ratio": text.count("\n") / max(count_words(text), 1)}
 
 
 @lru_cache(maxsize=16)
@@ -208,6 +214,26 @@ class C4Fast(rules.C4Rules):
 
     def is_policy(self, lower: str) -> bool:
         return policy_pattern(self.lang).search(lower) is not None
+
+    def line_tests(self, text: str) -> tuple[bool, bool, bool]:
+        """A per-line test that can find nothing anywhere in the text is left out: no word over
+        `max_word_length` in the text, no "[", no searched substring in the text with its citations
+        cut, lower-cased. A line, stripped and cut, is a piece of that text (a citation holds no line
+        break), and lower-casing depends on context only for Greek sigma (never in these substrings:
+        checked), so a substring of a lower-cased line is one of the lower-cased text."""
+        long_words, citations, _ = super().line_tests(text)
+        long_words = long_words and max(map(len, text.split()), default=0) > self.max_word_length
+        citations = citations and "[" in text
+        if not self.substrings_sigma_free:
+            return long_words, citations, True
+        lower = (rules.CITATION_REGEX.sub("", text) if citations else text).lower()
+        return long_words, citations, ((self.filter_lorem_ipsum and "lorem ipsum" in lower)
+                                       or (self.filter_javascript and "javascript" in lower)
+                                       or bool(self.filter_policy and self.is_policy(lower)))
+
+    @property
+    def substrings_sigma_free(self) -> bool:
+        return not any(c in "Σσς" for line in (*self.policy_lines, "lorem ipsum", "javascript") for c in line)
 
 
 RULES = {"gopher_repetition": GopherRepetitionFast, "gopher_quality": GopherQualityFast, "c4": C4Fast,

@@ -162,6 +162,30 @@ def test_word_classes_are_the_reference_tests_on_every_code_point():
         assert bare_forms(words) == list(map(bare, words))
 
 
+def test_quipu_c4_whole_text_prechecks_edit_as_the_reference():
+    """C4Fast leaves out a per-line test that can find nothing in the whole text (long words,
+    citations, lower-cased substrings): the same verdicts, edited texts and sentence counts as
+    C4Rules on text built to sit on those edges (a citation inside "lorem ipsum", upper case,
+    dotted capital I, Greek sigma, every line break str.splitlines knows); and a substring holding
+    a sigma turns the text-level search off."""
+    lines = ["Lorem[1] ipsum dolor sit amet.", "Uses JavaScript[edit] here, ok.", "Our Privacy[citation needed] Policy applies here.",
+             "  ΟΔΟΣ ΣΟΦΙΑΣ είναι εδώ. Και εκεί.  ", "İstanbul is big. İt is.", "{a} b c d.", "x" * 1001 + " y z.",
+             "Three short words.", "a b", "Plain line one. Two. Three. Four. Five. Six."]
+    seps = ["\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"]
+    texts = [sep.join(lines[i:] + lines[:i]) for i, sep in enumerate(seps)]
+    texts += [sep.join(lines[3:5] + lines[7:] + [lines[i]]) for sep in ("\n", "\u2028") for i in range(len(lines))]
+    texts += ["Privacy[3] policy here. " * 3, "lorem [1]ipsum x y.", "Normal text here. Más texto aquí. Y otro."]
+    for params in ({}, {"remove_citations": False}, {"max_word_length": -1}, {"filter_policy": False, "filter_javascript": False}):
+        for lang in ("en", "es", "pt"):
+            kwargs = {**HeuristicsConfig().filter_config("c4", lang).model_dump(exclude={"enabled"}), **params}
+            fast, ref = language_rules_fast.C4Fast(language=lang, **kwargs), language_rules.C4Rules(language=lang, **kwargs)
+            for text in texts:
+                assert fast.check(text) == ref.check(text) and fast.measure(text) == ref.measure(text), (params, lang, text[:60])
+    sigma = language_rules_fast.C4Fast(language="en", **HeuristicsConfig().filter_config("c4", "en").model_dump(exclude={"enabled"}))
+    sigma.policy_lines = (*sigma.policy_lines, "όροι χρήσης")
+    assert not sigma.substrings_sigma_free and sigma.line_tests("Plain text.")[2]
+
+
 def test_datatrove_mode_c4_is_datatrove_s(shared_data):
     """tasks/c4_fast.py stops counting sentences at `min_num_sentences`: the same verdicts and edited
     texts as datatrove's own C4QualityFilter, with the stage's settings and C4's own."""
