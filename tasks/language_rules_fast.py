@@ -3,7 +3,7 @@
 language_rules states each statistic plainly and stays the reference (tests/test_heuristics_speed.py
 and bench/heuristics_speed.py compare these classes with it on real en/es/pt text). Here:
 - a document's words are split once and shared by Gopher repetition, Gopher quality and FineWeb
-  (`words_and_stats`, the last few texts kept);
+  and C4 (`words_and_stats`, the last few texts kept);
 - per-word answers (punctuation only, holds no letter, bare form) come from one regex pass over the
   document's distinct words joined by newlines, with character classes built from language_rules'
   own per-character tests on every code point (`char_ranges`): no per-word Python call, no cache;
@@ -101,17 +101,18 @@ def bare_forms(words: list[str]) -> list[str]:
 
 
 @lru_cache(maxsize=4)
-def words_and_stats(text: str) -> tuple[list[str], dict]:
-    """(`language_rules.words_of(text)`, `dict.fromkeys` of those words)."""
+def words_and_stats(text: str) -> tuple[list[str], dict, int]:
+    """(`language_rules.words_of(text)`, `dict.fromkeys` of those words, the longest token's length)."""
     tokens = text.split()
     distinct = dict.fromkeys(tokens)
+    longest = max(map(len, distinct), default=0)
     punct = words_matching("punct_only", distinct)
     if not punct:
-        return tokens, distinct
+        return tokens, distinct, longest
     for token in punct:      # the other keys keep their order: dict.fromkeys of the words
         del distinct[token]
     punct = set(punct)
-    return list(filterfalse(punct.__contains__, tokens)), distinct
+    return list(filterfalse(punct.__contains__, tokens)), distinct, longest
 
 
 def count_words(text: str) -> int:
@@ -122,7 +123,7 @@ def count_words(text: str) -> int:
 
 @lru_cache(maxsize=4)
 def word_stats(text: str) -> WordStats:
-    words, distinct = words_and_stats(text)
+    words, distinct, _ = words_and_stats(text)
     return WordStats(words, distinct)
 
 
@@ -166,7 +167,7 @@ class GopherRepetitionFast(rules.GopherRepetitionRules):
 
 class GopherQualityFast(rules.GopherQualityRules):
     def statistics(self, text: str) -> dict[str, float]:
-        words, _ = words_and_stats(text)
+        words, _, _ = words_and_stats(text)
         n = len(words)
         lines = text.splitlines() or [""]
         if n:
@@ -222,14 +223,14 @@ class C4Fast(rules.C4Rules):
         break), and lower-casing depends on context only for Greek sigma (never in these substrings:
         checked), so a substring of a lower-cased line is one of the lower-cased text."""
         long_words, citations, _ = super().line_tests(text)
-        long_words = long_words and max(map(len, text.split()), default=0) > self.max_word_length
+        long_words = long_words and words_and_stats(text)[2] > self.max_word_length
         citations = citations and "[" in text
         if not self.substrings_sigma_free:
             return long_words, citations, True
         lower = (rules.CITATION_REGEX.sub("", text) if citations else text).lower()
         return long_words, citations, ((self.filter_lorem_ipsum and "lorem ipsum" in lower)
                                        or (self.filter_javascript and "javascript" in lower)
-                                       or bool(self.filter_policy and self.is_policy(lower)))
+                                       or (self.filter_policy and any(map(lower.__contains__, self.policy_lines))))
 
     @property
     def substrings_sigma_free(self) -> bool:
