@@ -95,6 +95,8 @@ def bare_forms(words: list[str]) -> list[str]:
     """`[language_rules.bare(w) for w in words]` for words without whitespace: punctuation stripped
     from each word's start, then (the text reversed) from its end, by one regex pass each, then
     lower-cased word by word."""
+    if not words:
+        return []
     joined = "\n".join(words)
     start = word_pattern("punct_start", ASTRAL.search(joined) is not None)
     return list(map(str.lower, start.sub("", start.sub("", joined)[::-1])[::-1].split("\n")))

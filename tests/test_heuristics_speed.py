@@ -160,6 +160,7 @@ def test_word_classes_are_the_reference_tests_on_every_code_point():
         assert set(words_matching("punct_only", words)) == set(compress(words, map(punct_only, words)))
         assert set(words_matching("no_letter", words)) == set(filterfalse(has_letter, words))
         assert bare_forms(words) == list(map(bare, words))
+    assert bare_forms([]) == [] and words_matching("punct_only", []) == []
 
 
 def test_quipu_c4_whole_text_prechecks_edit_as_the_reference():
