@@ -13,9 +13,11 @@ pure Python these loops were about a third of the heuristics stage. Here:
   (arithmetic modulo 2**64, numpy's wrapping uint64: one multiply per step; the base is odd, so it
   is invertible and a hash is made position-free by multiplying by base**-start); when no hash
   repeats, nothing repeats (equal strings have equal hashes) and the count is 0. Otherwise the
-  walk runs only over the positions whose hash was seen before, and a repeat is confirmed by
-  comparing the strings, so a hash collision (2**64 hashes are weak against crafted text, e.g.
+  walk runs only over the positions whose hash another position shares, and a repeat is confirmed
+  by comparing the strings, so a hash collision (2**64 hashes are weak against crafted text, e.g.
   Thue-Morse strings) costs time but cannot change the result.
+- `check` needs a top n-gram count only where `top_bound` (from word counts and lengths) could
+  break the rule.
 
 `words` must be what datatrove's tokenizer returns (stripped, non-empty); anything the fast paths
 do not cover (a word holding a space) goes to datatrove's own functions.
@@ -62,7 +64,9 @@ class WordStats:
         self.joined = "".join(words)
         self.space_free = " " not in self.joined     # no word holds a space
         self._prefix: np.ndarray | None = None
+        self._at_words: tuple[np.ndarray, np.ndarray] | None = None
         self._counts: np.ndarray | None = None
+        self._bound: tuple[int, int] | None = None
         self._offset_list: list[int] | None = None
 
     @property
@@ -89,9 +93,10 @@ class WordStats:
     def ngram_keys(self, n: int) -> np.ndarray:
         """Each n-gram's concatenation hashed, position-free (equal strings, equal keys)."""
         m = max(0, len(self.words) - n + 1)
-        h, (_, back) = self._prefixes(), _powers(len(self.joined) + 1)
-        start = self.offsets[:m]
-        return (h[self.offsets[n:n + m]] - h[start]) * back[start]
+        if self._at_words is None:      # prefix hashes and BASE**-offset at every word boundary
+            self._at_words = self._prefixes()[self.offsets], _powers(len(self.joined) + 1)[1][self.offsets]
+        h, back = self._at_words
+        return (h[n:n + m] - h[:m]) * back[:m]
 
     def id_keys(self, n: int) -> np.ndarray:
         """One key per n-gram of word ids: the n ids as one int64 number where that is exact, else
@@ -130,17 +135,55 @@ class WordStats:
         chars = int(self.offsets[i + n] - self.offsets[i]) + n - 1      # the words and n - 1 spaces
         return chars * int(top)
 
+    def top_bound(self, n: int) -> int:
+        """An upper bound of `top_duplicate(n)`: an n-gram seen k times holds each of its words k
+        times at least, so k * chars <= n * max(count * length) + (n - 1) * max(count)."""
+        if self._bound is None:
+            counts = self.counts
+            self._bound = int((counts * np.fromiter(map(len, self.distinct), np.int64, self.vocab)).max()), int(counts.max())
+        most_chars, most = self._bound
+        return n * most_chars + (n - 1) * most
+
     def all_duplicate(self, n: int) -> int:
-        """`find_all_duplicate(words, n)`: characters of the repeated n-grams of the jumping walk."""
+        """`find_all_duplicate(words, n)`: characters of the repeated n-grams of the jumping walk.
+
+        Only positions whose key another position shares can repeat or be repeated, so the walk runs
+        over those. Each key stands for the string of the first position the walk kept with it; a
+        later position with that key repeats iff its string is that one (compared, so a hash collision
+        cannot count: a mismatch hands the n to `_all_duplicate_by_groups`, which compares every match)."""
         m = len(self.words) - n + 1
         if m <= 0:
             return 0
         key = self.ngram_keys(n)
+        ordered = np.sort(key)
+        same = ordered[1:] == ordered[:-1]
+        if not same.any():
+            return 0                         # no hash occurs twice, so no n-gram string does
+        shared = np.isin(key, ordered[1:][same])          # positions sharing their key with another
+        positions = np.flatnonzero(shared)
+        joined, offsets = self.joined, self.offset_list
+        kept: dict[int, int] = {}            # key -> the first position the walk kept with it
+        repeated, walk = 0, 0
+        for p, k in zip(positions.tolist(), key[positions].tolist()):
+            if p < walk:
+                continue                     # inside the jump after an earlier repeat
+            q = kept.get(k)
+            if q is None:
+                kept[k] = p                  # not seen before: the walk keeps it and steps on
+                continue
+            gram = joined[offsets[p]:offsets[p + n]]
+            if gram != joined[offsets[q]:offsets[q + n]]:
+                return self._all_duplicate_by_groups(n, key)   # a hash collision
+            repeated += len(gram)
+            walk = p + n
+        return repeated
+
+    def _all_duplicate_by_groups(self, n: int, key: np.ndarray) -> int:
+        """`all_duplicate` where keys collide: every hash match confirmed against each earlier position."""
+        m = len(key)
         order = np.argsort(key, kind="stable")     # positions grouped by hash, in position order
         sorted_key = key[order]
         same = sorted_key[1:] == sorted_key[:-1]
-        if not same.any():
-            return 0                         # no hash occurs twice, so no n-gram string does
         new_group = np.ones(m, bool)
         new_group[1:] = ~same
         group_of = np.empty(m, np.int64)

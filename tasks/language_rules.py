@@ -297,18 +297,19 @@ class C4Rules(_Rules):
         `stop=False` the lines go on being counted after a whole-document rule hit (statistics)."""
         n_sentences, kept, whole = 0, [], None
         enough = self.min_num_sentences if stop and self.COUNT_ENOUGH_ONLY else math.inf
+        long_words, citations, substrings = self.line_tests(text)
         for line in text.splitlines():
             line = line.strip()
             words = line.split()
-            if self.max_word_length != -1 and max(map(len, words), default=0) > self.max_word_length:
+            if long_words and max(map(len, words), default=0) > self.max_word_length:
                 continue
-            if self.remove_citations:
+            if citations:
                 line = CITATION_REGEX.sub("", line)
             if self.filter_no_terminal_punct and (not line.endswith((".", "?", "!", '"', "'")) or line.endswith(ELLIPSIS)):
                 continue
             if len(words) < self.min_words_per_line:
                 continue
-            lower = line.lower()
+            lower = line.lower() if substrings else ""
             if self.filter_lorem_ipsum and "lorem ipsum" in lower:
                 whole = whole or "lorem_ipsum"
                 if stop:
@@ -319,12 +320,17 @@ class C4Rules(_Rules):
                 whole = whole or "curly_bracket"
                 if stop:
                     return None, whole, n_sentences
-            if self.filter_policy and self.is_policy(lower):
+            if self.filter_policy and substrings and self.is_policy(lower):
                 continue
             if n_sentences < enough:
                 n_sentences += count_sentences(line, self.lang)
             kept.append(line)
         return "\n".join(kept).strip(), whole, n_sentences
+
+    def line_tests(self, text: str) -> tuple[bool, bool, bool]:
+        """Whether each line is tested for a word over `max_word_length`, cut of citations, and searched
+        lower-cased (lorem ipsum, javascript, policy lines): as configured (C4Fast also asks the text)."""
+        return self.max_word_length != -1, bool(self.remove_citations), True
 
     def is_policy(self, lower: str) -> bool:
         return any(p in lower for p in self.policy_lines)

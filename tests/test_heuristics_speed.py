@@ -123,7 +123,68 @@ def test_ngram_counts_are_datatrove_s_even_when_every_hash_collides(monkeypatch)
                 assert stats.all_duplicate(n) == rep.find_all_duplicate(words, n), (collide, words[:10], n)
             for n in (2, 3, 4):
                 if len(words) >= n:
-                    assert stats.top_duplicate(n) == rep.find_top_duplicate(rep.get_n_grams(words, n)), (words[:10], n)
+                    top = stats.top_duplicate(n)
+                    assert top == rep.find_top_duplicate(rep.get_n_grams(words, n)), (words[:10], n)
+                    assert top <= stats.top_bound(n), (words[:10], n)      # what `check` may skip on
+
+
+def test_word_classes_are_the_reference_tests_on_every_code_point():
+    """`compat: quipu`'s per-word answers by regex over a text's distinct words (language_rules_fast:
+    punctuation only, no letter, bare forms): their character runs are the per-character tests' on
+    every code point; the answers are language_rules' own on every character up to U+FFFF, past it on
+    each run's edges and a sample, and on words mixing punctuation, letters, digits, marks, Greek
+    sigma and characters past U+FFFF (the classes without those serve text without them)."""
+    import random
+    import sys
+    import unicodedata
+    from itertools import compress, filterfalse
+
+    import numpy as np
+
+    from quipu.tasks.language_rules_fast import bare_forms, char_ranges, words_matching
+
+    def runs(holds) -> tuple:
+        edges = np.diff(np.concatenate(([0], np.fromiter(holds, np.int8, sys.maxunicode + 1), [0])))
+        return tuple(zip(np.flatnonzero(edges == 1).tolist(), (np.flatnonzero(edges == -1) - 1).tolist()))
+    every = "".join(map(chr, range(sys.maxunicode + 1)))
+    assert char_ranges("letter") == runs(map(str.isalpha, every))
+    assert char_ranges("punct") == runs(c == "P" for c, *_ in map(unicodedata.category, every))
+    rng = random.Random(3)
+    edges = {c for a, b in char_ranges("punct") + char_ranges("letter") for c in (a - 1, a, b, b + 1)}
+    astral = sorted(c for c in edges | set(rng.sample(range(0x10000, sys.maxunicode + 1), 20000)) if 0xFFFF < c <= sys.maxunicode)
+    chars = [c for c in every[:0x10000] if not c.isspace()] + list(map(chr, astral))
+    pool = list(".,;:!?¡¿«»\"'()[]-–—…·#$%&*/@_|~0123456789aeioucñçãõéíóúΣσςİßﬁ") + ["\u0301", "\u200d", "😀", "𝐀", "\U00010100", "\ud800"]
+    mixed = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 7))) for _ in range(20000)]
+    punct_only, has_letter, bare = (getattr(language_rules, n).__wrapped__ for n in ("is_punct_only", "has_letter", "bare"))
+    for words in (chars, [c for c in chars if c <= "\uffff"], mixed, [w for w in mixed if max(w) <= "\uffff"]):
+        assert set(words_matching("punct_only", words)) == set(compress(words, map(punct_only, words)))
+        assert set(words_matching("no_letter", words)) == set(filterfalse(has_letter, words))
+        assert bare_forms(words) == list(map(bare, words))
+    assert bare_forms([]) == [] and words_matching("punct_only", []) == []
+
+
+def test_quipu_c4_whole_text_prechecks_edit_as_the_reference():
+    """C4Fast leaves out a per-line test that can find nothing in the whole text (long words,
+    citations, lower-cased substrings): the same verdicts, edited texts and sentence counts as
+    C4Rules on text built to sit on those edges (a citation inside "lorem ipsum", upper case,
+    dotted capital I, Greek sigma, every line break str.splitlines knows); and a substring holding
+    a sigma turns the text-level search off."""
+    lines = ["Lorem[1] ipsum dolor sit amet.", "Uses JavaScript[edit] here, ok.", "Our Privacy[citation needed] Policy applies here.",
+             "  ΟΔΟΣ ΣΟΦΙΑΣ είναι εδώ. Και εκεί.  ", "İstanbul is big. İt is.", "{a} b c d.", "x" * 1001 + " y z.",
+             "Three short words.", "a b", "Plain line one. Two. Three. Four. Five. Six."]
+    seps = ["\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"]
+    texts = [sep.join(lines[i:] + lines[:i]) for i, sep in enumerate(seps)]
+    texts += [sep.join(lines[3:5] + lines[7:] + [lines[i]]) for sep in ("\n", "\u2028") for i in range(len(lines))]
+    texts += ["Privacy[3] policy here. " * 3, "lorem [1]ipsum x y.", "Normal text here. Más texto aquí. Y otro."]
+    for params in ({}, {"remove_citations": False}, {"max_word_length": -1}, {"filter_policy": False, "filter_javascript": False}):
+        for lang in ("en", "es", "pt"):
+            kwargs = {**HeuristicsConfig().filter_config("c4", lang).model_dump(exclude={"enabled"}), **params}
+            fast, ref = language_rules_fast.C4Fast(language=lang, **kwargs), language_rules.C4Rules(language=lang, **kwargs)
+            for text in texts:
+                assert fast.check(text) == ref.check(text) and fast.measure(text) == ref.measure(text), (params, lang, text[:60])
+    sigma = language_rules_fast.C4Fast(language="en", **HeuristicsConfig().filter_config("c4", "en").model_dump(exclude={"enabled"}))
+    sigma.policy_lines = (*sigma.policy_lines, "όροι χρήσης")
+    assert not sigma.substrings_sigma_free and sigma.line_tests("Plain text.")[2]
 
 
 def test_datatrove_mode_c4_is_datatrove_s(shared_data):
