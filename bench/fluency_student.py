@@ -96,7 +96,9 @@ def train_fold(fold: int, train_texts: list[str], args, work: Path):
     from quipu.trainer.tokenizer import BOS, train_bpe
     torch.manual_seed(fold)
     t0 = time.process_time()
-    tok = train_bpe(train_texts, args.vocab, 2)
+    from tokenizers import Tokenizer
+    resume = Path(args.resume) if args.resume else None
+    tok = Tokenizer.from_file(str(resume / f"fold{fold}.tokenizer.json")) if resume else train_bpe(train_texts, args.vocab, 2)
     tok.save(str(work / f"fold{fold}.tokenizer.json"))
     bos = tok.token_to_id(BOS)
     chunks = []
@@ -111,6 +113,8 @@ def train_fold(fold: int, train_texts: list[str], args, work: Path):
     cfg = ModelConfig(vocab_size=pad_vocab(tok.get_vocab_size()), dim=args.dim, n_layers=args.layers,
                       n_heads=args.heads, max_seq_len=args.seq)
     model = Llama(cfg)
+    if resume:      # more steps on a saved fold (a fresh warm-up and cosine): a point on the learning curve
+        model.load_state_dict(torch.load(resume / f"fold{fold}.pt"))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     rng = random.Random(fold)
     band = band_mask(args.seq, args.window)[None, None]
@@ -182,12 +186,18 @@ def load_burst(path: str) -> dict:
     return {(r["lang"], r["held"]): r["burst"] for r in load_dump(path)} if path and Path(path).exists() else {}
 
 
+def auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(a prose document's signal is above a generated one's), ties half."""
+    pos, neg = pos[~np.isnan(pos)], neg[~np.isnan(neg)]
+    return float(((pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()))
+
+
 def table(scores: dict, burst: dict, pct: float) -> list[str]:
     """Per source and pooled per language: prose kept / demo removed / backoff removed for each signal alone,
     `(+b ...)` OR'ed with burstiness, and burstiness alone; cut-offs from the other same-language sources."""
-    head = "| lang | held-out source | prose / demo / backoff docs | median gain: prose / demo / backoff | " + \
+    head = "| lang | held-out source | prose / demo / backoff docs | median gain: prose / demo / backoff | AUC gain: demo / backoff | " + \
            " | ".join(f"{s} (+burst)" for s in SIGNALS) + " | burstiness alone |"
-    out = [head, "|---|---|---|---|" + "---|" * (len(SIGNALS) + 1)]
+    out = [head, "|---|---|---|---|---|" + "---|" * (len(SIGNALS) + 1)]
     for lang in ("es", "pt", "en"):
         group = [k for k in scores if k[0] == lang]
         pooled = {n: np.zeros((2, 3)) for n in (*SIGNALS, *(s + "+b" for s in SIGNALS), "burst")}
@@ -217,25 +227,35 @@ def table(scores: dict, burst: dict, pct: float) -> list[str]:
                 cells.append(" / ".join(f"{h.mean():.2f}" for h in hb))
             else:
                 cells.append("-")
-            med = " / ".join(f"{np.nanmedian(r[k][:, 0]):.2f}" for k in KINDS)
+            med = " / ".join(f"{np.nanmedian(r[k][:, 0]):.2f}" for k in KINDS) + " | " + \
+                " / ".join(f"{auc(r['prose'][:, 0], r[k][:, 0]):.2f}" for k in ("demo", "backoff"))
             out.append(f"| {lang} | {key[1].removesuffix('.jsonl')} | {' / '.join(str(len(r[k])) for k in KINDS)} | {med} | "
                        + " | ".join(cells) + " |")
         frac = lambda n: " / ".join(f"{a / max(c, 1):.2f}" for a, c in zip(*pooled[n]))
-        out.append(f"| {lang} | **pooled** | {' / '.join(str(int(x)) for x in pooled['gain'][1])} | | "
+        out.append(f"| {lang} | **pooled** | {' / '.join(str(int(x)) for x in pooled['gain'][1])} | | | "
                    + " | ".join(f"{frac(s)} (+b {frac(s + '+b')})" for s in SIGNALS) + f" | {frac('burst')} |")
     return out
 
 
+def load_fold(work: Path, fold: int):
+    import torch
+    from tokenizers import Tokenizer
+    from quipu.trainer.llama import Llama, ModelConfig
+    model = Llama(ModelConfig(**json.loads((work / f"fold{fold}.json").read_text())["cfg"]))
+    model.load_state_dict(torch.load(work / f"fold{fold}.pt"))
+    return Tokenizer.from_file(str(work / f"fold{fold}.tokenizer.json")), model.eval()
+
+
 def speed(tok, model, texts: list[str], args) -> float:
-    """Documents per second on one thread (tokenising included)."""
+    """Documents per CPU-second on one thread (tokenising included): documents/s/core, whatever the load."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     score = scorer(tok, model, args)
     score(texts[:args.score_batch])                 # warm-up
-    t = time.perf_counter()
+    t = time.process_time()
     score(texts)
-    dt = time.perf_counter() - t
+    dt = time.process_time() - t
     torch.set_num_threads(threads)
     return len(texts) / dt
 
@@ -261,6 +281,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--burst", default="/work/notes/fluency_longrange-wt38n-s13.pkl",
                     help="session 13's bench/fluency_longrange.py dump: burstiness per document, fitted without the source")
+    ap.add_argument("--folds", default="0,1", help="the folds to train and score")
+    ap.add_argument("--resume", default="", help="a --work folder whose fold models (and BPEs) training continues from")
+    ap.add_argument("--speed-only", action="store_true", help="documents/s/core of the saved fold models and stop")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     import torch
@@ -268,10 +291,18 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     scores_path = work / "scores.json"
+    if args.speed_only:     # documents/s/core of the saved fold models, on the held-out prose
+        _, ev = prepare(work, args.per_kind)
+        sample = [t for key in FOLDS for t in ev[key]["prose"]][:512]
+        for fold in map(int, args.folds.split(",")):
+            tok, model = load_fold(work, fold)
+            print(f"fold {fold}: {speed(tok, model, sample, args):.0f} documents per CPU-second on one thread "
+                  f"({args.tokens} tokens, both masks, {len(sample)} documents)")
+        return 0
     if not args.table_only:
         texts, ev = prepare(work, args.per_kind)
         scores = {}
-        for fold in (0, 1):
+        for fold in map(int, args.folds.split(",")):
             train = [t for k, v in texts.items() if FOLDS.get(k, -1) != fold for t in v]
             tok, model = train_fold(fold, train, args, work)
             score = scorer(tok, model, args)
@@ -287,10 +318,10 @@ def main() -> int:
     raw = json.loads(scores_path.read_text())
     scores = {tuple(k.split("|")): {kk: np.array(vv, float) for kk, vv in v.items()} for k, v in raw.items()}
     burst = load_burst(args.burst)
-    for fold in (0, 1):
+    for fold in map(int, args.folds.split(",")):
         meta = json.loads((work / f"fold{fold}.json").read_text())
         print(f"fold {fold}: {meta['params']:,} parameters, {meta['cpu_s'] / 60:.1f} CPU-min training, "
-              f"{meta.get('docs_per_s_1thread', 0):.0f} documents/s on one thread")
+              f"{meta.get('docs_per_s_1thread', 0):.0f} documents/s on one thread (as measured in the run)")
     print(f"{time.time() - T0:.0f} s; uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     print("\n".join(table(scores, burst, args.percentile)))
     return 0
