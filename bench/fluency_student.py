@@ -200,6 +200,8 @@ def table(scores: dict, burst: dict, pct: float) -> list[str]:
     out = [head, "|---|---|---|---|---|" + "---|" * (len(SIGNALS) + 1)]
     for lang in ("es", "pt", "en"):
         group = [k for k in scores if k[0] == lang]
+        if len(group) < 2:      # no other source to place a cut-off with
+            continue
         pooled = {n: np.zeros((2, 3)) for n in (*SIGNALS, *(s + "+b" for s in SIGNALS), "burst")}
         for key in group:
             r = scores[key]
@@ -307,7 +309,7 @@ def main() -> int:
             tok, model = train_fold(fold, train, args, work)
             score = scorer(tok, model, args)
             for key in (k for k, f in FOLDS.items() if f == fold):
-                scores[key] = {k: score(ev[key][k][: args.max_prose]) for k in KINDS}
+                scores[key] = {k: score(ev[key][k][: args.max_prose] if k == "prose" else ev[key][k]) for k in KINDS}
                 log(f"fold {fold} {key}: median gain " + " / ".join(f"{np.nanmedian(scores[key][k][:, 0]):.3f}" for k in KINDS))
             sample = [t for key in FOLDS for t in ev[key]["prose"]][:512]
             dps = speed(tok, model, sample, args)
