@@ -1,6 +1,6 @@
 """Builds configs/curate/default.yaml with `quipu calibrate`, and checks it on whole sources left out.
 
-    .venv/bin/python bench/calibrate_default.py [--write] [--max-docs 1500]
+    .venv/bin/python bench/calibrate_default.py [--write] [--max-docs 600]
 
 1. Starts from BASE (the stages of a crawl curation that need no model the user trains: quality
    and perplexity off) and calibrates es, pt and en in turn (`quipu calibrate ... --keep 0.97`)
@@ -43,6 +43,19 @@ BASE = {
     "quality": {"enabled": False},
     "decontam": {"benchmarks": ["humaneval"], "policy": "drop"},
     "pii": {"email_allow": []},
+    "tiers": {"enabled": True},
+}
+# Comments `--write` puts in the shipped file where YAML's dump has none: (line as dumped, comment lines
+# before it or, starting with "#", after the value on the same line).
+COMMENTS = {
+    "fluency:": ["  # fluent junk rules cannot see: spun text (word order) and n-gram-generated text (no recurring topic words);",
+                 "  # models and cut-offs shipped in tasks/fluency_models/<lang>.json (rebuilt by bench/fluency_models.py)"],
+    "    default: null": "# the model's own cut-off (tasks/fluency_models/<lang>.json)",
+    "    en: -5.5": "# below the model's -2.476: short English news and web posts (tests/test_calibration.py) repeat few rare words",
+    "tiers:": ["  # quality_tier 0-4 per document from the judges' token-weighted percentiles (tasks/tiers.py;",
+               "  # docs/quality.md); tables shipped in tasks/tier_tables/default.json (rebuilt by bench/tier_tables.py),",
+               "  # fitted on other text than yours: refit on your crawl with `quipu tiers fit RUN --output tiers.json`.",
+               "  # Annotates only (no min_tier): removing a tier removes its prose too; select tiers in blends with where:"],
 }
 CALIBRATE = {   # reference text per language: whole sources; everything else is left out
     "es": ["es_activ_es_subtitles.jsonl", "es_gutenberg_quijote.jsonl"],
@@ -54,10 +67,20 @@ CHECK = {
     "pt": ["pt_fakebr_news.jsonl"],
     "en": ["en_nltk_abc_news.jsonl", "en_ud_ewt_web.jsonl", "en_nltk_webtext.jsonl"],
 }
-# LID tau where no crawl sample of the language is at hand: FineWeb-2's own, computed its way (median - sigma
-# of the LID scores) over its crawl of the language. Clean reference text puts every language at the 0.9 cap;
-# on Portuguese news prose that loses 22 of 300 documents. Users refit it on their crawl: `quipu calibrate --crawl`.
-PUBLISHED_TAU = {"pt": (0.799, "FineWeb-2's Portuguese crawl (its published tau; refit on your crawl sample with --crawl)")}
+# LID tau where no crawl sample of the language is at hand. Clean reference text puts every language at the 0.9
+# cap, which loses real prose: Portuguese news 22 of 300 documents, English web text (en_nltk_webtext) 145 of 952,
+# English technical documentation 6-34 % (bench/RESULTS.md, "LID tau"). Spanish and Portuguese: FineWeb-2's own
+# tau, computed its way (median - sigma of the LID scores) over its crawl of the language (GlotLID there). English,
+# which FineWeb-2 leaves out: FineWeb's threshold for the same lid.176 model. Users refit each on their crawl:
+# `quipu calibrate --crawl`.
+PUBLISHED_TAU = {
+    "pt": (0.799, "max(0.3, min(0.9, median - sigma)) of the LID scores over FineWeb-2's Portuguese crawl "
+                  "(its published tau; refit on your crawl sample with --crawl)"),
+    "es": (0.84, "max(0.3, min(0.9, median - sigma)) of the LID scores over FineWeb-2's Spanish crawl "
+                 "(its published tau; refit on your crawl sample with --crawl)"),
+    "en": (0.65, "FineWeb's English threshold for the same lid.176 model (a fixed choice, not median - sigma; "
+                 "refit on your crawl sample with --crawl)"),
+}
 NEWS_AND_LITERATURE = {   # the issue's second acceptance: each checked with its language calibrated without it
     "es": ["es_nltk_cess_esp_news.jsonl", "es_nltk_conll2002_efe_news.jsonl", "es_gutenberg_quijote.jsonl"],
     "pt": ["pt_fakebr_news.jsonl"],
@@ -123,10 +146,28 @@ def _fmt_top(top: dict) -> str:
     return ", ".join(f"{k} {100 * v:.1f} %" for k, v in top.items()) or "-"
 
 
+def with_comments(text: str) -> str:
+    """The dumped config with COMMENTS added (a block's comment lines after its key, a value's at its end)."""
+    out = []
+    section = None
+    for line in text.splitlines():
+        if line and not line.startswith(" "):
+            section = line
+        comment = COMMENTS.get(line)
+        if isinstance(comment, str) and section == "fluency:":
+            out.append(f"{line}   {comment}")
+            continue
+        out.append(line)
+        if isinstance(comment, list):
+            out.extend(comment)
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help="replace configs/curate/default.yaml")
-    ap.add_argument("--max-docs", type=int, default=1500, help="documents per source (the first ones)")
+    ap.add_argument("--max-docs", type=int, default=600, help="documents per source (the first ones; the shipped "
+                                                             "file was calibrated with 600)")
     args = ap.parse_args()
     import yaml
     t0 = time.time()
@@ -139,7 +180,7 @@ def main() -> int:
         DEFAULT.write_text("# The shipped curation config for es/pt/en crawls: no model to train (quality and perplexity off).\n"
                            "# Regenerate with `.venv/bin/python bench/calibrate_default.py --write` (reference: whole sources\n"
                            "# of ../shared/data/text, listed below; the other sources are left out to check it: docs/languages.md).\n"
-                           + out.read_text())
+                           + with_comments(out.read_text()))
     from quipu.synthetic.junk import junk_documents
     rows = ["| language | calibrated on | left-out source | prose docs | prose removed | top rules |",
             "|---|---|---|---|---|---|"]

@@ -176,8 +176,8 @@ def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: f
     With `crawl_lid` (top labels and `m.lang` scores of a sample of the user's crawl), the LID
     threshold is FineWeb-2's: computed over the crawl documents labelled `m.lang`, not the reference
     (clean reference text puts every language at the 0.9 cap, which loses real prose). `lid_tau_given`
-    (value, where it comes from) sets tau outright: one computed the same way over a crawl the user
-    cannot sample here (FineWeb-2 publishes its per-language values)."""
+    (value, how it was computed) sets tau outright: e.g. one computed the same way over a crawl the user
+    cannot sample here (FineWeb-2 publishes its per-language values); the text is the config's comment."""
     is_lang = np.array([x == m.lang for x in m.lid_labels])
     tau = lid_tau(m.stats["lang_score"][is_lang])
     out = {LID.key: {"rule": LID, "value": round(tau, 3), "percentile": None, "reference_docs": int(is_lang.sum()),
@@ -191,9 +191,9 @@ def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: f
                         "reference_docs": int(crawl_is_lang.sum()),
                         "how": "max(0.3, min(0.9, median - sigma)) of the LID scores of the crawl sample (FineWeb-2)"}
     if lid_tau_given is not None:
-        tau, source = lid_tau_given
+        tau, how = lid_tau_given
         out[LID.key] = {"rule": LID, "value": round(float(tau), 3), "percentile": None, "reference_docs": 0,
-                        "how": f"max(0.3, min(0.9, median - sigma)) of the LID scores over {source}", "given": True}
+                        "how": how, "given": True}
     fixed = np.ones(m.docs, bool)            # the length rules, applied as configured
     tunable = []
     for rule in RULES:

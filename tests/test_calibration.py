@@ -323,7 +323,7 @@ def test_a_reference_that_moves_nothing_says_so_and_clipped_values_are_marked():
 def test_calibrate_never_silently_replaces_a_calibration_made_on_more_documents(tmp_path):
     """The shipped default's en thresholds come from 768 documents: 60 do not replace them without
     --replace (one line naming the flag; the side-by-side report is still written); with it, they do."""
-    from quipu.flows.calibrate import CalibrateError, run_calibration
+    from quipu.flows.calibrate import CalibrateError, parse_lid_tau, run_calibration
     from quipu.flows.curate import CurateConfig
     ref = _english_reference(tmp_path, n=60)
     out = tmp_path / "en.yaml"
@@ -335,19 +335,20 @@ def test_calibrate_never_silently_replaces_a_calibration_made_on_more_documents(
     comparison = report["comparison"]
     assert comparison["written"] is False and comparison["earlier_reference_docs"] == 768
     old = {r["rule"]: r["old"] for r in comparison["rows"]}
-    assert old["langid.min_score"] == 0.9 and old["c4.min_num_sentences"] == 2     # the shipped en values
+    assert old["langid.min_score"] == 0.65 and old["c4.min_num_sentences"] == 2     # the shipped en values
     assert "Old and new" in (tmp_path / "r.calibration.html").read_text()
-    run_calibration(str(DEFAULT), [str(ref)], "en", output=str(out), replace=True, lid_tau=(0.8, "a crawl"))
+    run_calibration(str(DEFAULT), [str(ref)], "en", output=str(out), replace=True, lid_tau=parse_lid_tau("0.8=a crawl"))
     text = out.read_text()
     assert "# calibrated en: --keep 0.97, 60 reference documents" in text
     assert load_config(CurateConfig, out).langid.min_score["en"] == 0.8
     assert "LID scores over a crawl" in text
 
 
-def test_the_shipped_pt_lid_tau_is_what_the_documented_command_writes():
-    """configs/curate/default.yaml is built by bench/calibrate_default.py: its pt tau is the one that
-    script passes (FineWeb-2's, computed over its Portuguese crawl), comment included."""
+@pytest.mark.parametrize("lang", ["pt", "es", "en"])
+def test_the_shipped_lid_tau_is_what_the_documented_command_writes(lang):
+    """configs/curate/default.yaml is built by bench/calibrate_default.py: its tau per language is the one
+    that script passes (FineWeb-2's for es and pt, FineWeb's for en), comment included."""
     from bench.calibrate_default import PUBLISHED_TAU
-    tau, source = PUBLISHED_TAU["pt"]
-    line = [line for line in DEFAULT.read_text().splitlines() if line.startswith("    pt: ") and "LID scores" in line]
-    assert line == [f"    pt: {tau:g}   # max(0.3, min(0.9, median - sigma)) of the LID scores over {source}"]
+    tau, how = PUBLISHED_TAU[lang]
+    lines = DEFAULT.read_text().split("\nbad_words:")[0].splitlines()
+    assert [line for line in lines if line.startswith(f"    {lang}: ")] == [f"    {lang}: {tau:g}   # {how}"]
