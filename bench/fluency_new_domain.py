@@ -181,7 +181,7 @@ def length_aware(lang: str) -> list[str]:
 
 
 def main() -> int:
-    from bench.fluency_models import DEFAULT, RESULTS, end_to_end, is_prose
+    from bench.fluency_models import DEFAULT, end_to_end, is_prose
     from quipu.flows.config import load_config
     from quipu.flows.curate import CurateConfig
     from quipu.synthetic.fluent_junk import fluent_junk
@@ -204,18 +204,11 @@ def main() -> int:
             print("\n".join(length_aware(lang)), flush=True)
         return 0
     if args.lid:
-        rows = lid_table(config, is_prose)
-        load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-        body = "\n".join([LID_SECTION, "", f"`.venv/bin/python bench/fluency_new_domain.py --lid{' --write' if args.write else ''}` "
-                          f"({time.time() - t0:.0f} s; `uptime`: {load}). Prose (>= 3 sentences, >= 50 words; the first "
-                          "1,500 of a source) that configs/curate/default.yaml's langid removes (score under tau, or "
-                          "another top label): clean reference text puts tau at the 0.9 cap; the shipped values are "
-                          "FineWeb-2's published ones for es (0.84) and pt (0.799) and FineWeb's for en (0.65) "
-                          "(bench/calibrate_default.py, PUBLISHED_TAU):", "", *rows, ""])
-        print(body)
-        if args.write:
-            from bench.curate_throughput import write_results_section
-            write_results_section(RESULTS, LID_SECTION, body)
+        publish(LID_SECTION, "--lid", t0, args.write, lid_table(config, is_prose),
+                "Prose (>= 3 sentences, >= 50 words; the first 1,500 of a source) that configs/curate/default.yaml's "
+                "langid removes (score under tau, or another top label): clean reference text puts tau at the 0.9 cap; "
+                "the shipped values are FineWeb-2's published ones for es (0.84) and pt (0.799) and FineWeb's for en "
+                "(0.65) (bench/calibrate_default.py, PUBLISHED_TAU):")
         return 0
     table = ["| language | source | prose docs | what configs/curate/default.yaml does (shipped models) | prose removed by |",
              "|---|---|---|---|---|"]
@@ -231,16 +224,23 @@ def main() -> int:
             why = ", ".join(f"{k} {v}" for k, v in prose_removed_by(config, lang, scored).most_common(4)) or "-"
             print(f"{lang} {name}: {line}; prose removed by {why}", flush=True)
             table.append(f"| {lang} | {name} | {len(scored)} | {line} | {why} |")
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    body = "\n".join([SECTION, "", f"`.venv/bin/python bench/fluency_new_domain.py{' --write' if args.write else ''}` "
-                      f"({time.time() - t0:.0f} s; `uptime`: {load}). The shipped config and models as they are, on "
-                      "Debian's documentation (a domain none of them saw; this file's docstring says how documents "
-                      "are cut):", "", *table, ""])
-    print(body)
-    if args.write:
-        from bench.curate_throughput import write_results_section
-        write_results_section(RESULTS, SECTION, body)
+    publish(SECTION, "", t0, args.write, table,
+            "The shipped config and models as they are, on Debian's documentation (a domain none of them saw; "
+            "this file's docstring says how documents are cut):")
     return 0
+
+
+def publish(section: str, option: str, t0: float, write: bool, rows: list[str], intro: str) -> None:
+    """Print a RESULTS section (command, time, load, `intro`, the table); with --write, replace it there."""
+    from bench.fluency_models import RESULTS
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    command = " ".join(["`.venv/bin/python bench/fluency_new_domain.py", *([option] if option else []),
+                        *(["--write"] if write else [])]) + "`"
+    body = "\n".join([section, "", f"{command} ({time.time() - t0:.0f} s; `uptime`: {load}). {intro}", "", *rows, ""])
+    print(body)
+    if write:
+        from bench.curate_throughput import write_results_section
+        write_results_section(RESULTS, section, body)
 
 
 if __name__ == "__main__":
