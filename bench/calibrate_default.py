@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from quipu.tasks.calibration import lid_tau_over  # noqa: E402  (after the path: the checkout's quipu)
 SHARED_TEXT = Path(os.environ.get("QUIPU_SHARED_DATA") or ROOT.parent / "shared" / "data") / "text"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## Per-language calibration: configs/curate/default.yaml on left-out sources (`bench/calibrate_default.py`)"
@@ -74,10 +75,8 @@ CHECK = {
 # which FineWeb-2 leaves out: FineWeb's threshold for the same lid.176 model. Users refit each on their crawl:
 # `quipu calibrate --crawl`.
 PUBLISHED_TAU = {
-    "pt": (0.799, "max(0.3, min(0.9, median - sigma)) of the LID scores over FineWeb-2's Portuguese crawl "
-                  "(its published tau; refit on your crawl sample with --crawl)"),
-    "es": (0.84, "max(0.3, min(0.9, median - sigma)) of the LID scores over FineWeb-2's Spanish crawl "
-                 "(its published tau; refit on your crawl sample with --crawl)"),
+    "pt": (0.799, lid_tau_over("FineWeb-2's Portuguese crawl (its published tau; refit on your crawl sample with --crawl)")),
+    "es": (0.84, lid_tau_over("FineWeb-2's Spanish crawl (its published tau; refit on your crawl sample with --crawl)")),
     "en": (0.65, "FineWeb's English threshold for the same lid.176 model (a fixed choice, not median - sigma; "
                  "refit on your crawl sample with --crawl)"),
 }

@@ -75,6 +75,7 @@ def main() -> int:
     ap.add_argument("--langs", default="en,es,pt")
     args = ap.parse_args()
     t0 = time.time()
+    notes: list[str] = []
     table = ["| language | held-out source | what configs/curate/default.yaml does to it (fluency model fitted without it) |",
              "|---|---|---|"]
     for lang in args.langs.split(","):
@@ -117,8 +118,15 @@ def main() -> int:
             line = end_to_end(lang, model, keep, junk)
             print(f"  held out {name}: {line}")
             table.append(f"| {lang} | {name.removesuffix('.jsonl')} | {line} |")
+        final.data["cutoffs"] = {"word_order": cut[0], "burstiness": cut[1]}
+        if lang in OWN_CUTOFFS:   # the held-out rows understate a one-large-source language: the shipped model in-sample
+            prose = [t for t in texts[names[0]] if is_prose(t)]
+            line = end_to_end(lang, final, prose[: len(prose) // 2][:400], fluent_junk(lang, prose[len(prose) // 2:], 150, seed=3))
+            notes.append(f"{lang}: the held-out rows use a model fitted without the held-out source (for "
+                         f"{names[0].removesuffix('.jsonl')}: the language's small sources only), scored against cut-offs "
+                         f"taken from the shipped model, so they understate it; the shipped model on "
+                         f"{names[0].removesuffix('.jsonl')} (in-sample, its first half of prose, at most 400 documents): {line}.")
         if args.write:
-            final.data["cutoffs"] = {"word_order": cut[0], "burstiness": cut[1]}
             final.save(MODEL_DIR / f"{lang}.json")
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     body = "\n".join([SECTION, "", f"`.venv/bin/python bench/fluency_models.py{' --write' if args.write else ''}` "
@@ -126,7 +134,8 @@ def main() -> int:
                       "sentences, >= 50 words; half of it) and fluent junk made from its other half (synthetic/fluent_junk.py: "
                       "spun, n-gram generated of orders 2-4, SEO doorway) plus the older junk kinds (synthetic/junk.py, seed 11) "
                       "through the shipped config's langid, heuristics and fluency stages, the fluency model fitted on the "
-                      "language's other sources only:", "", *table, ""])
+                      "language's other sources only. Cut-offs: the config's where it sets one (fluency.min_burstiness), "
+                      "else the model's (printed by the script):", "", *table, "", *notes, ""])
     print(body)
     if args.write:
         from bench.curate_throughput import write_results_section

@@ -40,7 +40,6 @@ SOURCES = {    # language -> source -> HTML files (globs)
 }
 SECTION = "## Fluent junk and prose kept on a new domain: translated technical documentation (`bench/fluency_new_domain.py`)"
 LID_SECTION = "## LID tau: prose langid removes at the 0.9 cap and at the shipped tau (`bench/fluency_new_domain.py --lid`)"
-SHARED_TEXT = ROOT.parent / "shared" / "data" / "text"
 DOC_WORDS = 80
 
 
@@ -100,6 +99,7 @@ def lid_table(config, is_prose) -> list[str]:
     """Per source, prose removed by langid at clean reference text's 0.9 cap and at the shipped tau:
     the Debian documentation and every es/pt/en source of ../shared/data/text (when present)."""
     import json
+    from bench.fluency_models import SHARED_TEXT
     from quipu.tasks.per_language import resolve
     rows = ["| language | source | prose docs | removed by langid at tau 0.9 | at the shipped tau |", "|---|---|---|---|---|"]
     texts: dict[tuple[str, str], list[str]] = {}

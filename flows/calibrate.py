@@ -408,7 +408,7 @@ def parse_lid_tau(text: str | None) -> tuple[float, str] | None:
         tau = None
     if tau is None or not source.strip():
         raise CalibrateError(f"--lid-tau: expected VALUE=WHERE (a number, then where it was computed), got {text!r}")
-    return tau, f"max(0.3, min(0.9, median - sigma)) of the LID scores over {source.strip()}"
+    return tau, cal.lid_tau_over(source.strip())
 
 
 def cmd_calibrate(args) -> int:

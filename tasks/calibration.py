@@ -169,6 +169,11 @@ def lid_tau(scores: np.ndarray) -> float:
     return float(max(0.3, min(0.9, np.median(scores) - np.std(scores))))
 
 
+def lid_tau_over(where: str) -> str:
+    """How a tau computed FineWeb-2's way over `where` (a crawl) is described in a config's comment."""
+    return f"max(0.3, min(0.9, median - sigma)) of the LID scores over {where}"
+
+
 def calibrate(m: Measured, heur: HeuristicsConfig, langid: LangIdConfig, keep: float,
               crawl_lid: tuple[list[str], np.ndarray] | None = None,
               lid_tau_given: tuple[float, str] | None = None) -> dict[str, dict]:
