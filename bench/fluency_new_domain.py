@@ -39,6 +39,8 @@ SOURCES = {    # language -> source -> HTML files (globs)
            "debian_edu_manual": ["/usr/share/doc/debian-edu-doc-en/debian-edu-bookworm-manual.html"]},
 }
 SECTION = "## Fluent junk and prose kept on a new domain: translated technical documentation (`bench/fluency_new_domain.py`)"
+CACHE_SECTION = ("## Fluent junk: a cache model over the crawl's own word frequencies, narrow and diluted crawls "
+                 "(`bench/fluency_new_domain.py --crawl-cache`)")
 LID_SECTION = "## LID tau: prose langid removes at the 0.9 cap and at the shipped tau (`bench/fluency_new_domain.py --lid`)"
 DOC_WORDS = 80
 
@@ -191,6 +193,62 @@ def length_aware(lang: str) -> list[str]:
     return rows
 
 
+def cache_evidence(stems: list[str], freq, total: int, types: int) -> float:
+    """Evidence (nats) that a document's words come from a cache of its own earlier words (prose: about
+    something) rather than from the crawl's word frequencies alone (`freq`, the document left out): the
+    log-likelihood ratio of a cache-mixture unigram model (weight q, profiled over a grid) over the plain
+    one, >= 0. A word common in the crawl explains its own repeats, so a narrow source's generated text,
+    whose repeats are the source's common words, should gain little (Kuhn and De Mori's cache model)."""
+    import math
+    best = 0.0
+    for q in (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5):
+        seen: Counter = Counter()
+        total_gain = 0.0
+        for i, w in enumerate(stems):
+            f = (freq.get(w, 0) + 0.5) / (total + 0.5 * types)
+            if i:
+                total_gain += math.log((q * seen[w] / i + (1 - q) * f) / f)
+            seen[w] += 1
+        best = max(best, total_gain)
+    return best
+
+
+def crawl_cache(lang: str) -> list[str]:
+    """The cache model's evidence (`cache_evidence`) with word frequencies counted over the crawl, a
+    global two-pass stage's view: per source, its scored prose and text generated from its other half,
+    (a) alone (the crawl is that one source and its junk) and (b) diluted by the language's other
+    sources' prose (a broad crawl with junk from one narrow source). Per setting: AUC prose above
+    generated, generated removed at the 3 % prose oracle cut-off, and at a fixed 3 nats (generated
+    removed / prose lost)."""
+    import numpy as np
+    from bench.fluency_models import SOURCES as REFERENCE, is_prose, source_texts
+    from quipu.synthetic.fluent_junk import fluent_junk
+    from quipu.tasks.fluency import stems
+    sources = {name: [t for t in documents(lang, patterns) if is_prose(t)]
+               for name, patterns in SOURCES[lang].items()}
+    sources.update({name.removesuffix(".jsonl"): [t for t in source_texts(name, lang) if is_prose(t)]
+                    for name in REFERENCE[lang] if not name.startswith("django:")})
+    rows = []
+    for name, prose in sources.items():
+        generated = [d["text"] for d in fluent_junk(lang, prose[1::2], 150, seed=3) if d["kind"] == "generated"]
+        others = [t for other, texts in sources.items() if other != name for t in texts[::2]]
+        cells = []
+        for crawl in (prose[::2] + generated, prose[::2] + generated + others):
+            docs = [stems(t) for t in crawl]
+            freq = Counter(w for d in docs for w in d)
+            total, types, scores = sum(freq.values()), len(freq), []
+            for d in docs[:len(prose[::2]) + len(generated)]:
+                own = Counter(d)
+                freq.subtract(own)
+                scores.append(cache_evidence(d, freq, total - len(d), types))
+                freq.update(own)
+            p, g = np.array(scores[:len(prose[::2])]), np.array(scores[len(prose[::2]):])
+            cells.append(f"{auc(list(p), list(g)):.2f} / {np.mean(g < np.percentile(p, 3)):.2f} / "
+                         f"{np.mean(g < 3):.2f}, {np.mean(p < 3):.2f}")
+        rows.append(f"| {lang} | {name} | {len(prose[::2])} | {' | '.join(cells)} |")
+    return rows
+
+
 def main() -> int:
     from bench.fluency_models import DEFAULT, end_to_end, is_prose
     from quipu.flows.config import load_config
@@ -201,6 +259,8 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     ap.add_argument("--lid", action="store_true", help="only the LID tau table (its own RESULTS section)")
     ap.add_argument("--length-aware", action="store_true", help="only the length-aware burstiness table (printed)")
+    ap.add_argument("--crawl-cache", action="store_true", help="only the crawl-frequency cache model table "
+                                                               "(its own RESULTS section)")
     args = ap.parse_args()
     if not glob.glob("/usr/share/debian-reference/*.html"):
         print("bench/fluency_new_domain.py: the Debian documentation packages are not installed "
@@ -214,6 +274,23 @@ def main() -> int:
         print("|---|---|---|---|---|---|")
         for lang in SOURCES:
             print("\n".join(length_aware(lang)), flush=True)
+        return 0
+    if args.crawl_cache:
+        rows = ["| language | source | prose docs | crawl = the source and its junk: AUC / generated removed at 3 % "
+                "prose / at 3 nats (generated removed, prose lost) | diluted by the language's other sources: same |",
+                "|---|---|---|---|---|"]
+        for lang in SOURCES:
+            rows += crawl_cache(lang)
+            print("\n".join(rows[-1:]), flush=True)
+        publish(CACHE_SECTION, "--crawl-cache", t0, args.write, rows,
+                "Not shipped. The cache model's evidence (`cache_evidence`: a unigram model of the crawl's "
+                "own word frequencies, the document left out, mixed with a cache of the document's earlier "
+                "words) ranks narrow sources' prose above their generated text far better than burstiness "
+                "does when the crawl is the source and its junk, but the gain goes when the crawl also holds "
+                "other sources' prose: the junk's words are then rare in the crawl, so its repeats look like "
+                "a topic again. A two-pass stage would depend on what else the crawl holds. Within a source it "
+                "ranks well (AUC 0.98-1.00 on Genesis, Shakespeare, news), but its level moves with the source "
+                "(a fixed 3 nats removes 0.04-0.90), the same wall as every judge before it:")
         return 0
     if args.lid:
         publish(LID_SECTION, "--lid", t0, args.write, lid_table(config, is_prose),

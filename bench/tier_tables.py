@@ -7,8 +7,9 @@
 Tables: the raw mix of configs/ablate/tiers.yaml (real es/pt/en text of ../shared/data/text, none of
 the ablation's held-out sources) curated by configs/curate/default.yaml with the tiers stage off,
 then `quipu tiers fit` on the curated documents (what reaches the tiers stage). The provenance in
-the file names the mix, the curate config and the judges' model files: a changed fluency model
-(tasks/fluency_models/) makes the tables stale (tests/test_tiers.py says so); rerun this with --write.
+the file names the mix, the curate config's settings and the judges' model files: a changed fluency model
+(tasks/fluency_models/) or a changed setting of the curate config before the tiers stage (a threshold,
+the LID tau) makes the tables stale (tests/test_tiers.py says so); rerun this with --write.
 
 Speed: the tier stage's `process` (percentiles of every judge, combination, tier, stats) against its
 anchor, numpy's `searchsorted` over the same quantile tables (the bare lookup, no stats, no arrow
@@ -47,6 +48,18 @@ def curate_mix(work: Path) -> Path:
     return run
 
 
+def curate_settings_sha256() -> str:
+    """sha256 of configs/curate/default.yaml's settings as loaded, the tiers block left out: what decides
+    which documents reach the tiers stage and with which scores (a changed threshold or LID tau counts,
+    an edited comment does not). tests/test_tiers.py compares it with the shipped tables' provenance."""
+    import hashlib
+    import json
+    from quipu.flows.config import load_config
+    from quipu.flows.curate import CurateConfig
+    settings = load_config(CurateConfig, DEFAULT).model_dump(mode="json", exclude={"tiers"})
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
 def write_tables(out: Path) -> None:
     from quipu.catalog.files import sha256_file
     from quipu.flows.tiers_cli import batches, input_files
@@ -58,7 +71,7 @@ def write_tables(out: Path) -> None:
         provenance = {
             "command": "python bench/tier_tables.py --write",
             "fitted_on": f"the raw mix of {ABLATION.relative_to(ROOT)} curated by {DEFAULT.relative_to(ROOT)} (tiers off)",
-            "curate_config_sha256": sha256_file(DEFAULT),
+            "curate_settings_sha256": curate_settings_sha256(),
             "inputs": [{"file": f.name, "sha256": sha256_file(f)} for f in files],
             "judge_models": {f"fluency/{p.name}": sha256_file(p) for p in sorted(MODEL_DIR.glob("*.json"))},
         }

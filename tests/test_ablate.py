@@ -117,8 +117,9 @@ TINY = ["--seeds", "0", "--set", "raw_mix.scale=0.02", "--set", "tokenizer.vocab
 
 def test_real_text_ablation_as_shipped_at_a_tiny_size(shared_data, prefect_server, tmp_path):
     """configs/ablate/real.yaml with only its sizes overridden: a mix of real documents and real crawls
-    (nothing planted), English defaults against calibrated thresholds on the same stages, held-out BPB
-    and the documents and tokens each arm keeps per language."""
+    (nothing planted); English defaults, calibrated thresholds and calibrated thresholds with the
+    fluency judges on the same filter stages, each arm training on the same tokens per language;
+    held-out BPB and the documents and tokens each arm keeps per language."""
     import pyarrow.parquet as pq
 
     from quipu.flows.ablate import variant_curate_config
@@ -132,30 +133,39 @@ def test_real_text_ablation_as_shipped_at_a_tiny_size(shared_data, prefect_serve
     try:
         assert main(["ablate", *args]) == 0
         config = load_ablate_config(build_parser().parse_args(["ablate", *args]))
-        english, calibrated = (variant_curate_config(config, v, out) for v in config.variants)
+        english, calibrated, judged = (variant_curate_config(config, v, out) for v in config.variants)
     finally:
         os.chdir(cwd)
     # real text only: every record of the mix is a real document, and the crawls are the shared ones
     manifest = json.loads((mix / "manifest.json").read_text())
     assert manifest["kinds"] == {"article": manifest["records"]} and manifest["records"] > 0
-    # the arms run the same stages; English is the stages' defaults, calibrated the shipped config
+    # English is the stages' defaults, calibrated the shipped config, judged that plus its fluency stage
     assert english.heuristics == HeuristicsConfig() and calibrated.heuristics != english.heuristics
+    assert judged.heuristics == calibrated.heuristics and judged.fluency.enabled and not calibrated.fluency.enabled
     result = json.loads((out / "ablate.json").read_text())
-    assert result["variants"] == ["english", "calibrated"]
+    assert result["variants"] == ["english", "calibrated", "judged"]
     t = result["table"]
     assert t["english"]["stages"] == t["calibrated"]["stages"] == ["urls", "langid", "lines", "heuristics"]
-    shared = [n["stage"] for n in result["curation"] if n["variants"] == ["english", "calibrated"]]
+    assert t["judged"]["stages"] == ["urls", "langid", "lines", "heuristics", "fluency"]
+    shared = [n["stage"] for n in result["curation"] if n["variants"] == ["english", "calibrated", "judged"]]
     assert shared == ["extract", "urls"]      # the same input and URL filter, curated once
+    budget = t["english"]["token_budget"]     # equal tokens per language: the fewest any arm keeps
+    assert {"en", "es", "pt"} <= set(budget) and all(row["token_budget"] == budget for row in t.values())
     for name, row in t.items():
         assert set(row["bpb"]["by_lang"]) == {"en", "es", "pt"}
         kept = row["kept_by_lang"]
-        curated = [x for p in sorted((out / name / "curated").glob("*.parquet"))
-                   for x in pq.read_table(p, columns=["lang"]).column("lang").to_pylist()]
-        assert {k: v["documents"] for k, v in kept.items()} == {x: curated.count(x) for x in set(curated)}
+        selected = pq.read_table(out / name / "selected" / "part-00000.parquet", columns=["id", "lang"])
+        langs = selected.column("lang").to_pylist()
+        assert {k: v["documents"] for k, v in kept.items()} == {x: langs.count(x) for x in set(langs)}
         assert {"en", "es", "pt"} <= set(kept) and all(v["tokens"] > v["documents"] for v in kept.values())
-    assert "all" in t["calibrated"]["vs"]["english"]         # compared with the first arm
+        # the selection is the arm's own curated documents, up to the budget of every language
+        curated = {x for p in sorted((out / name / "curated").glob("*.parquet"))
+                   for x in pq.read_table(p, columns=["id"]).column("id").to_pylist()}
+        assert set(selected.column("id").to_pylist()) <= curated
+        assert all(kept[lang]["tokens"] >= budget[lang] for lang in budget)
+    assert "all" in t["calibrated"]["vs"]["english"] and "all" in t["judged"]["vs"]["english"]
     md = (out / "ablate.md").read_text()
-    assert "Kept per language" in md and "Δ english" in md
+    assert "Kept per language" in md and "Δ english" in md and "Equal tokens per language" in md
 
 
 # ---- fast checks, no training ------------------------------------------------------------------

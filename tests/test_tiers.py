@@ -134,14 +134,18 @@ def test_bad_tables_and_config_fail_before_any_document(tmp_path):
 
 
 def test_shipped_tables_match_the_shipped_judges():
-    """The shipped tables were fitted with the fluency models shipped now: a rebuilt fluency model
-    changes what its scores mean, and the tables must be refitted (bench/tier_tables.py --write)."""
+    """The shipped tables were fitted with the fluency models and the curate settings shipped now: a
+    rebuilt fluency model changes what its scores mean, and a changed threshold or LID tau before the
+    tiers stage changes which documents the tables rank; either way they must be refitted
+    (bench/tier_tables.py --write)."""
+    from bench.tier_tables import curate_settings_sha256
     from quipu.catalog.files import sha256_file
     from quipu.tasks.fluency import MODEL_DIR
     tables = TierTables.load(DEFAULT_TABLES)
     now = {f"fluency/{p.name}": sha256_file(p) for p in sorted(MODEL_DIR.glob("*.json"))}
-    assert tables.data["provenance"]["judge_models"] == now, \
-        "tasks/tier_tables/default.json is stale: rerun `python bench/tier_tables.py --write`"
+    stale = "tasks/tier_tables/default.json is stale: rerun `python bench/tier_tables.py --write`"
+    assert tables.data["provenance"]["judge_models"] == now, stale
+    assert tables.data["provenance"]["curate_settings_sha256"] == curate_settings_sha256(), stale
     assert set(tables.judges) >= {"fluency_word_order", "fluency_burstiness"}
     assert all(set(spec["languages"]) == {"en", "es", "pt"} for spec in tables.judges.values())
 
