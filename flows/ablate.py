@@ -116,6 +116,10 @@ class AblateConfig(BaseModel):
                                                   "the fewest any variant's selection holds, each taking its documents "
                                                   "in a random order (`sample_seed`) up to that count")
     sample_seed: int = Field(0, description="the document order of `equal_tokens` sampling")
+    resample_per_seed: bool = Field(True, description="with `equal_tokens`, each training seed draws its own sample "
+                                                      "(order fixed by `sample_seed` and the training seed), so the "
+                                                      "spread over seeds includes the sample's; false: one sample "
+                                                      "for every seed")
 
     @field_validator("input", mode="before")
     @classmethod
@@ -288,27 +292,44 @@ def register_variants(config: AblateConfig, curated: dict[str, list[Shard]], var
                       out: Path, run_id: str) -> None:
     """Each variant's training data (its curated documents, or its selection: flows/ablate_select.py)
     as a catalog dataset named for this ablation output: a catalog name is the union of its versions,
-    and two ablations (or two outputs of one config) must never train on each other's data."""
+    and two ablations (or two outputs of one config) must never train on each other's data. With
+    `equal_tokens` and `resample_per_seed`, one dataset per variant and training seed
+    (`variants[v]["datasets"]`, seed -> name): each seed trains on its own equal-token sample."""
     wheres = {v.name: v.where for v in config.variants}
+    base = {v.name: f"ablate-{config.name}-{sha256_json(str(out))[:8]}-{v.name}" for v in config.variants}
+    data: dict[str, dict[str, list[Shard]]] = {v.name: {} for v in config.variants}     # dataset -> its parts
+    datasets: dict[str, dict[int, str]] = {v.name: {} for v in config.variants}         # training seed -> dataset
     if config.equal_tokens or any(wheres.values()):
         from quipu.flows.ablate_select import select_variants
-        chosen = select_variants(curated, wheres, config.equal_tokens, config.sample_seed, tok, out)
-        for name, sel in chosen.items():
-            if not sum(p.rows for p in sel["parts"]):
-                raise UserError(f"variants: {name!r} selects no documents (where: {wheres[name] or '{}'}"
-                                f"{'; equal_tokens: no language every variant holds' if config.equal_tokens else ''})")
-            curated[name] = sel["parts"]
-            variants[name].update(where=wheres[name] or None, documents=sum(p.rows for p in sel["parts"]),
-                                  bytes=sum(p.bytes for p in sel["parts"]), tokens_by_lang=sel["tokens_by_lang"],
-                                  selected_tokens_by_lang=sel["selected_tokens_by_lang"], token_budget=sel["budget"])
+        per_seed = config.equal_tokens and config.resample_per_seed
+        draws = [(s, f"{config.sample_seed}:{s}", f"selected-seed-{s}") for s in config.seeds] if per_seed else \
+            [(None, config.sample_seed, "selected")]
+        for seed, order, folder in draws:
+            chosen = select_variants(curated, wheres, config.equal_tokens, order, tok, out, folder)
+            for name, sel in chosen.items():
+                if not sum(p.rows for p in sel["parts"]):
+                    raise UserError(f"variants: {name!r} selects no documents (where: {wheres[name] or '{}'}"
+                                    f"{'; equal_tokens: no language every variant holds' if config.equal_tokens else ''})")
+                dataset = base[name] if seed is None else f"{base[name]}-seed-{seed}"
+                data[name][dataset] = sel["parts"]
+                datasets[name].update({s: dataset for s in (config.seeds if seed is None else [seed])})
+                if seed in (None, config.seeds[0]):    # the report's documents and tokens: the first seed's sample
+                    variants[name].update(where=wheres[name] or None, documents=sum(p.rows for p in sel["parts"]),
+                                          bytes=sum(p.bytes for p in sel["parts"]), tokens_by_lang=sel["tokens_by_lang"],
+                                          selected_tokens_by_lang=sel["selected_tokens_by_lang"],
+                                          token_budget=sel["budget"], resampled_per_seed=per_seed)
+    else:
+        for v in config.variants:
+            data[v.name][base[v.name]] = curated[v.name]
+            datasets[v.name] = {s: base[v.name] for s in config.seeds}
     for v in config.variants:
-        parts = curated[v.name]
-        folder = Path(parts[0].path).parent if parts else out / v.name / "curated"
-        dataset = f"ablate-{config.name}-{sha256_json(str(out))[:8]}-{v.name}"
-        registry.register_dataset(dataset, "curated", str(folder), run_id,
-                                  [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in parts],
-                                  info={"ablation": config.name, "variant": v.name, "stages": variants[v.name]["stages"]})
-        variants[v.name]["dataset"] = dataset
+        for dataset, parts in data[v.name].items():
+            folder = Path(parts[0].path).parent if parts else out / v.name / "curated"
+            registry.register_dataset(dataset, "curated", str(folder), run_id,
+                                      [{"path": p.path, "rows": p.rows, "bytes": p.bytes, "sha256": p.sha256} for p in parts],
+                                      info={"ablation": config.name, "variant": v.name, "stages": variants[v.name]["stages"]})
+        variants[v.name]["datasets"] = datasets[v.name]
+        variants[v.name]["dataset"] = datasets[v.name][config.seeds[0]]
         write_json_atomic(out / v.name / "curate.json", variants[v.name])
 
 
@@ -433,7 +454,7 @@ def _ablate(config: AblateConfig, curate_cfgs: dict[str, CurateConfig], files: l
     for v in config.variants:
         for seed in config.seeds:
             run_dir = out / v.name / f"seed-{seed}"
-            cfg = run_train_config(config, variants[v.name]["dataset"], run_dir, out / v.name / "tokens",
+            cfg = run_train_config(config, variants[v.name]["datasets"][seed], run_dir, out / v.name / "tokens",
                                    tok.path, seed, sizing)
             runs.append(train_and_score(cfg, v.name, seed, run_dir, heldout, config.check_hf, tokenize_train, log))
     timings["train_and_score"] = time.monotonic() - t0

@@ -72,7 +72,7 @@ def build_results(config, out: Path, variants: dict, runs: list[dict], heldout, 
             "final_train_loss": mean_std([r["summary"]["final_loss"] for r in rs], seeds),
             "train_seconds": [r["summary"].get("train_seconds") for r in rs], "funnel": info["funnel"],
             "kept_by_lang": info.get("kept_by_lang", {}), "where": info.get("where"),
-            "token_budget": info.get("token_budget")}
+            "token_budget": info.get("token_budget"), "resampled_per_seed": bool(info.get("resampled_per_seed"))}
     for name, row in table.items():
         row["vs"] = {}
         for base in baselines(list(table)):
@@ -169,13 +169,16 @@ def format_markdown(result: dict) -> str:
                      + " | ".join(_pm(row["bpb"]["by_lang"][x]) if x in row["bpb"]["by_lang"] else "" for x in langs)
                      + "".join(f" | {d[b]}" for b in bases) + " |")
     budget = next((row["token_budget"] for row in t.values() if row.get("token_budget")), None)
+    resampled = any(row.get("resampled_per_seed") for row in t.values())
     if budget:
-        lines += ["", "Equal tokens per language (every variant's selection sampled to the fewest any holds): "
+        lines += ["", "Equal tokens per language (every variant's selection sampled to the fewest any holds"
+                  + ("; each training seed draws its own sample" if resampled else "") + "): "
                   + ", ".join(f"{lang} {n:,}" for lang, n in budget.items()) + " tokens."]
     kept_langs = sorted({k for row in t.values() for k in row.get("kept_by_lang", {})})
     if kept_langs:
         first = next(iter(t))
-        lines += ["", f"Kept per language (curated documents / training tokens; Δ tokens vs `{first}`):", "",
+        lines += ["", f"Kept per language (curated documents / training tokens; Δ tokens vs `{first}`"
+                  + ("; the first seed's sample" if resampled else "") + "):", "",
                   "| variant | " + " | ".join(kept_langs) + " |", "|---" * (1 + len(kept_langs)) + "|"]
         for name, row in t.items():
             cells = []

@@ -6,6 +6,9 @@ Per language the budget is the fewest tokens (in the ablation's one tokenizer) a
 selection holds; each variant takes its selected documents in a random order fixed by `sample_seed`
 (a hash of seed and id: independent of file order) until it reaches the budget, so a variant
 exceeds it by less than one document. The selection is written as the variant's curated data.
+The ablation draws one sample per training seed (`resample_per_seed`, its default: order fixed by
+`sample_seed` and the training seed), so that the spread it reports over seeds includes the sample's:
+which documents fill a small budget moves held-out BPB as much as the training seed does.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def read_selection(parts: list[Shard], where: dict, key: str) -> pa.Table:
     return table.filter(pa.array(where_mask(table, where, key))) if where else table
 
 
-def sample_order(ids: list, seed: int) -> np.ndarray:
+def sample_order(ids: list, seed: int | str) -> np.ndarray:
     """Row indices in a random order fixed by `seed` and the ids alone."""
     keys = [hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest() for i in ids]
     return np.array(sorted(range(len(ids)), key=lambda r: (keys[r], str(ids[r]))), dtype=np.int64)
@@ -42,7 +45,7 @@ def tokens_by_lang(langs: list[str], tokens: np.ndarray) -> dict[str, int]:
     return out
 
 
-def take_budget(ids: list, langs: list[str], tokens: np.ndarray, budget: dict[str, int], seed: int) -> np.ndarray:
+def take_budget(ids: list, langs: list[str], tokens: np.ndarray, budget: dict[str, int], seed: int | str) -> np.ndarray:
     """A mask taking, per language, documents in the seeded order until the language's budget is met."""
     mask = np.zeros(len(ids), dtype=bool)
     got: dict[str, int] = {}
@@ -54,10 +57,11 @@ def take_budget(ids: list, langs: list[str], tokens: np.ndarray, budget: dict[st
     return mask
 
 
-def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool, seed: int,
-                    tokenizer, out: Path) -> dict[str, dict]:
-    """Each variant's selection written to `out/<variant>/selected/`: {variant: {"parts", "tokens_by_lang",
-    "selected_tokens_by_lang", "budget"}}."""
+def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool, seed: int | str,
+                    tokenizer, out: Path, folder: str = "selected") -> dict[str, dict]:
+    """Each variant's selection written to `out/<variant>/<folder>/`: {variant: {"parts", "tokens_by_lang",
+    "selected_tokens_by_lang", "budget"}}. `seed` fixes the sampling order (the ablation passes
+    "<sample_seed>:<training seed>" when each training seed draws its own sample)."""
     tables, tokens = {}, {}
     for v, parts in curated.items():
         tables[v] = read_selection(parts, wheres.get(v) or {}, f"variants.{v}")
@@ -76,7 +80,7 @@ def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], eq
             table, kept_tokens = table.filter(pa.array(mask)), tokens[v][mask]
         else:
             kept_tokens = tokens[v]
-        part = write_table(out / v / "selected" / "part-00000.parquet", table)
+        part = write_table(out / v / folder / "part-00000.parquet", table)
         result[v] = {"parts": [part], "tokens_by_lang": tokens_by_lang(langs_of(table), kept_tokens),
                      "selected_tokens_by_lang": available[v], "budget": budget}
     return result

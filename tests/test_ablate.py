@@ -151,10 +151,11 @@ def test_real_text_ablation_as_shipped_at_a_tiny_size(shared_data, prefect_serve
     assert shared == ["extract", "urls"]      # the same input and URL filter, curated once
     budget = t["english"]["token_budget"]     # equal tokens per language: the fewest any arm keeps
     assert {"en", "es", "pt"} <= set(budget) and all(row["token_budget"] == budget for row in t.values())
+    assert all(row["resampled_per_seed"] and row["dataset"].endswith("-seed-0") for row in t.values())
     for name, row in t.items():
         assert set(row["bpb"]["by_lang"]) == {"en", "es", "pt"}
         kept = row["kept_by_lang"]
-        selected = pq.read_table(out / name / "selected" / "part-00000.parquet", columns=["id", "lang"])
+        selected = pq.read_table(out / name / "selected-seed-0" / "part-00000.parquet", columns=["id", "lang"])
         langs = selected.column("lang").to_pylist()
         assert {k: v["documents"] for k, v in kept.items()} == {x: langs.count(x) for x in set(langs)}
         assert {"en", "es", "pt"} <= set(kept) and all(v["tokens"] > v["documents"] for v in kept.values())
@@ -179,6 +180,47 @@ def test_budget_sizes_model_and_tokens_by_6nd():
     assert model_params(bigger[0], bigger[1], 4096) > n_opt       # the largest shape that fits
     assert 6 * s["params"] * s["tokens"] == pytest.approx(600 * 5e10)
     assert size_for_budget(6000, 5e10, 4096)["params"] > s["params"]
+
+
+@pytest.mark.parametrize("resample", [True, False])
+def test_each_training_seed_draws_its_own_equal_token_sample(tmp_path, resample):
+    """With `equal_tokens` every training seed trains on its own sample of each arm (a dataset per arm and
+    seed, the same budget per language), so the spread over seeds includes which documents fill the
+    budget; `resample_per_seed: false` gives every seed one sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from quipu.flows.ablate import AblateConfig, register_variants
+    from quipu.flows.config import load_config
+    from quipu.tasks.stage import write_table
+
+    class WordTokenizer:
+        def encode_docs(self, texts):
+            return [t.split() for t in texts]
+    rows = 200
+    table = pa.table({"id": [f"d{i:03d}" for i in range(rows)], "lang": ["es", "pt"] * (rows // 2),
+                      "text": [" ".join(["palabra"] * (5 + i % 40)) for i in range(rows)],
+                      "quality_tier": [i % 5 for i in range(rows)]})
+    part = write_table(tmp_path / "curated" / "part-00000.parquet", table)
+    config = load_config(AblateConfig, DEMO, [f"output={tmp_path / 'out'}", "seeds=[0, 1]", "equal_tokens=true",
+                                              f"resample_per_seed={str(resample).lower()}",
+                                              "variants=[{name: top, where: {quality_tier: '>= 3'}}, {name: all}]"])
+    variants = {"top": {"stages": []}, "all": {"stages": []}}
+    register_variants(config, {"top": [part], "all": [part]}, variants, WordTokenizer(), tmp_path / "out", "run-1")
+    for name in ("top", "all"):
+        names = variants[name]["datasets"]
+        assert set(names) == {0, 1} and variants[name]["dataset"] == names[0]
+        picked = {seed: pq.read_table(tmp_path / "out" / name / (f"selected-seed-{seed}" if resample else "selected")
+                                      / "part-00000.parquet") for seed in (0, 1)}
+        assert (names[0] != names[1]) == resample
+        ids = {seed: set(t.column("id").to_pylist()) for seed, t in picked.items()}
+        # the "all" arm holds more than the budget, so two draws differ; "top" sets the budget and takes all it has
+        assert (ids[0] != ids[1]) == (resample and name == "all")
+        for t in picked.values():
+            got = {lang: sum(len(x.split()) for x, y in zip(t.column("text").to_pylist(), t.column("lang").to_pylist())
+                             if y == lang) for lang in ("es", "pt")}
+            assert all(got[lang] >= variants[name]["token_budget"][lang] for lang in got)
+    assert variants["top"]["token_budget"] == variants["all"]["token_budget"]
 
 
 def test_budget_parsing():
