@@ -63,13 +63,12 @@ def classes(text: str, function_words: frozenset[str], cache: dict[str, str] | N
         return [START] + [shape(t, function_words) for t in TOKEN.findall(text)]
     if len(cache) > 1_000_000:      # bounded memory over a long run
         cache.clear()
-    out = [START]
-    for t in TOKEN.findall(text):
-        c = cache.get(t)
-        if c is None:
-            c = cache[t] = shape(t, function_words)
-        out.append(c)
-    return out
+    get = cache.get
+
+    def miss(t: str) -> str:
+        c = cache[t] = shape(t, function_words)
+        return c
+    return [START, *[get(t) or miss(t) for t in TOKEN.findall(text)]]     # a class is never empty
 
 
 def stems(text: str) -> list[str]:
@@ -203,13 +202,19 @@ class FluencyModel:
         c = classes(text, self.function_words, self._classes)
         order = len(self.counts) - 1
         gains = self._gains
+        get = gains.get
+
+        def miss(gram: tuple[str, ...]) -> float:
+            g = gains[gram] = self.logprob(gram) - self.logprob(gram[-1:])
+            return g
+        # the n-gram ending at each token: shorter at the start, then every full window (zip), summed in order
+        grams = [tuple(c[:i + 1]) for i in range(1, min(order - 1, len(c)))]
+        start = max(0, 2 - order)       # no n-gram ends at `<s>` itself
+        grams += zip(*(c[start + k:] for k in range(order))) if len(c) >= order + start else ()
         total = 0.0
-        for i in range(1, len(c)):
-            gram = tuple(c[max(0, i - order + 1):i + 1])
-            g = gains.get(gram)
-            if g is None:
-                g = gains[gram] = self.logprob(gram) - self.logprob(gram[-1:])
-            total += g
+        for gram in grams:
+            g = get(gram)
+            total += miss(gram) if g is None else g
         return (total / (len(c) - 1) if len(c) > 1 else 0.0), len(c) - 1
 
     def repeats(self, text: str) -> tuple[int, int]:

@@ -114,3 +114,20 @@ def test_backoff_sentence_generator_writes_new_ngrams_in_whole_sentences():
     seen = {tuple(w[i:i + 3]) for t in prose for w in [t.split()] for i in range(len(w) - 2)}
     inside = [tuple(w[i:i + 3]) for s in sentences(a) for w in [s.split()] for i in range(len(w) - 2)]
     assert any(g not in seen for g in inside)      # within a sentence, not across a sentence break
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_word_order_is_the_mean_gain_of_the_ngram_ending_at_each_token(order):
+    """word_order's windowed fast path equals its definition: per token after `<s>`, the log-probability of
+    the class n-gram ending there (shorter at the start) minus its unigram's, averaged; any order, any
+    length, summed in the same order (so the scores are the same floats)."""
+    from quipu.tasks.fluency import classes
+    reference = ["the cat sat on the mat . " * 20, "el perro come pan en la casa . " * 20]
+    model = FluencyModel.fit("xx", reference, function_words=5, common_stems=5, order=order, min_count=1)
+    for text in ["", "a", "A b.", "Uno dos tres cuatro cinco seis.", "x " * 30, *reference]:
+        c = classes(text, model.function_words)
+        total = 0.0
+        for i in range(1, len(c)):
+            gram = tuple(c[max(0, i - order + 1):i + 1])
+            total += model.logprob(gram) - model.logprob(gram[-1:])
+        assert model.word_order(text) == ((total / (len(c) - 1) if len(c) > 1 else 0.0), len(c) - 1)
