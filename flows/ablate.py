@@ -300,12 +300,12 @@ def register_variants(config: AblateConfig, curated: dict[str, list[Shard]], var
     data: dict[str, dict[str, list[Shard]]] = {v.name: {} for v in config.variants}     # dataset -> its parts
     datasets: dict[str, dict[int, str]] = {v.name: {} for v in config.variants}         # training seed -> dataset
     if config.equal_tokens or any(wheres.values()):
-        from quipu.flows.ablate_select import select_variants
+        from quipu.flows.ablate_select import select_draws
         per_seed = config.equal_tokens and config.resample_per_seed
-        draws = [(s, f"{config.sample_seed}:{s}", f"selected-seed-{s}") for s in config.seeds] if per_seed else \
-            [(None, config.sample_seed, "selected")]
-        for seed, order, folder in draws:
-            chosen = select_variants(curated, wheres, config.equal_tokens, order, tok, out, folder)
+        seeds = list(config.seeds) if per_seed else [None]
+        draws = [(f"{config.sample_seed}:{s}", f"selected-seed-{s}") for s in config.seeds] if per_seed else \
+            [(config.sample_seed, "selected")]
+        for seed, chosen in zip(seeds, select_draws(curated, wheres, config.equal_tokens, draws, tok, out)):
             for name, sel in chosen.items():
                 if not sum(p.rows for p in sel["parts"]):
                     raise UserError(f"variants: {name!r} selects no documents (where: {wheres[name] or '{}'}"

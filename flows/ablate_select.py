@@ -60,8 +60,15 @@ def take_budget(ids: list, langs: list[str], tokens: np.ndarray, budget: dict[st
 def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool, seed: int | str,
                     tokenizer, out: Path, folder: str = "selected") -> dict[str, dict]:
     """Each variant's selection written to `out/<variant>/<folder>/`: {variant: {"parts", "tokens_by_lang",
-    "selected_tokens_by_lang", "budget"}}. `seed` fixes the sampling order (the ablation passes
-    "<sample_seed>:<training seed>" when each training seed draws its own sample)."""
+    "selected_tokens_by_lang", "budget"}}. `seed` fixes the sampling order."""
+    return select_draws(curated, wheres, equal_tokens, [(seed, folder)], tokenizer, out)[0]
+
+
+def select_draws(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool,
+                 draws: list[tuple[int | str, str]], tokenizer, out: Path) -> list[dict[str, dict]]:
+    """`select_variants` for several samples (sampling order, folder), one per training seed when the
+    ablation resamples per seed ("<sample_seed>:<training seed>"): the selections are read and tokenized
+    once, and only the draw is repeated."""
     tables, tokens = {}, {}
     for v, parts in curated.items():
         tables[v] = read_selection(parts, wheres.get(v) or {}, f"variants.{v}")
@@ -73,14 +80,17 @@ def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], eq
     if equal_tokens:
         langs = set.intersection(*(set(a) for a in available.values())) if available else set()
         budget = {lang: min(a[lang] for a in available.values()) for lang in sorted(langs)}
-    result = {}
-    for v, table in tables.items():
-        if budget is not None:
-            mask = take_budget(table.column("id").to_pylist(), langs_of(table), tokens[v], budget, seed)
-            table, kept_tokens = table.filter(pa.array(mask)), tokens[v][mask]
-        else:
-            kept_tokens = tokens[v]
-        part = write_table(out / v / folder / "part-00000.parquet", table)
-        result[v] = {"parts": [part], "tokens_by_lang": tokens_by_lang(langs_of(table), kept_tokens),
-                     "selected_tokens_by_lang": available[v], "budget": budget}
-    return result
+    results = []
+    for seed, folder in draws:
+        result = {}
+        for v, table in tables.items():
+            if budget is not None:
+                mask = take_budget(table.column("id").to_pylist(), langs_of(table), tokens[v], budget, seed)
+                table, kept_tokens = table.filter(pa.array(mask)), tokens[v][mask]
+            else:
+                kept_tokens = tokens[v]
+            part = write_table(out / v / folder / "part-00000.parquet", table)
+            result[v] = {"parts": [part], "tokens_by_lang": tokens_by_lang(langs_of(table), kept_tokens),
+                         "selected_tokens_by_lang": available[v], "budget": budget}
+        results.append(result)
+    return results
