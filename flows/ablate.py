@@ -158,6 +158,9 @@ def variant_curate_config(config: AblateConfig, v: VariantSpec, output: Path) ->
         raise ConfigError(format_validation_error(e, f"variant {v.name!r} (curate config)")) from None
 
 
+TRAIN_SOURCE = "selection"     # every run's one training source: the arm's selected documents
+
+
 def run_train_config(config: AblateConfig, dataset: str, run_dir: Path, tokens_dir: Path, tokenizer_json: Path,
                      seed: int, sizing: dict | None = None):
     """One training run's TrainConfig: the `train` block, with this run's data, seed and the shared tokenizer."""
@@ -166,7 +169,10 @@ def run_train_config(config: AblateConfig, dataset: str, run_dir: Path, tokens_d
     from quipu.trainer.train import TrainConfig
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.train.items()}
     data = dict(raw.get("data") or {})
-    data.update(phases=[{"name": "main", "sources": [{"dataset": dataset, "weight": 1.0}]}], tokens_dir=str(tokens_dir))
+    # The source's name seeds its document order and held-out split (trainer/data.py), so it is one fixed name:
+    # the dataset's name carries a hash of the output folder, and results must not move with where they are written.
+    data.update(phases=[{"name": "main", "sources": [{"dataset": dataset, "name": TRAIN_SOURCE, "weight": 1.0}]}],
+                tokens_dir=str(tokens_dir))
     raw.update(output=str(run_dir), seed=seed, data=data, export_hf=True,
                tokenizer={"kind": "file", "path": str(tokenizer_json)})
     if sizing:

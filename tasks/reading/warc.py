@@ -12,6 +12,7 @@ import fsspec
 # workers on two WARC units) race in its `six.moves` imports ("'six' is not a package")
 from warcio.archiveiterator import ArchiveIterator
 from warcio.bufferedreaders import DecompressingBufferedReader
+from warcio.recordloader import ARC2WARCHeadersParser
 
 from quipu.tasks.reading.files import FileSlice
 from quipu.tasks.reading.pdf import PDF_MIMES
@@ -58,6 +59,16 @@ def _capped_reader_class():
             return line
 
     return CappedReader
+
+
+class _ArcHeadersWithoutRandomId(ARC2WARCHeadersParser):
+    """warcio's ARC-to-WARC headers, less the WARC-Record-ID it makes up for each ARC record (a fresh
+    uuid4 on every read: ARC has no record ids). Without it `_warc_id` names the record by file and
+    offset, so an ARC file gives the same ids, and the same output bytes, on every run."""
+
+    def _get_protocol_and_headers(self, headerline, parts):
+        protocol, headers = super()._get_protocol_and_headers(headerline, parts)
+        return protocol, [(name, value) for name, value in headers if name != "WARC-Record-ID"]
 
 
 def _warc_id(record, source: str, offset: int) -> str:
@@ -179,6 +190,7 @@ def _read_warc_from(fh, path: str, start: int, stats: ReadStats, limits: ReadLim
     next record header is, after quarantining the damaged range)."""
     fh.seek(start)
     it = ArchiveIterator(fh, arc2warc=True, check_digests=True)
+    it.loader.arc_parser = _ArcHeadersWithoutRandomId()
     reader_cls = _capped_reader_class()
     reader_cls.line_cap = limits.max_header_bytes
     it.reader = reader_cls(it.fh)            # before the first read: warcio builds records on it lazily
