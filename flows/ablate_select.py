@@ -57,18 +57,12 @@ def take_budget(ids: list, langs: list[str], tokens: np.ndarray, budget: dict[st
     return mask
 
 
-def select_variants(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool, seed: int | str,
-                    tokenizer, out: Path, folder: str = "selected") -> dict[str, dict]:
-    """Each variant's selection written to `out/<variant>/<folder>/`: {variant: {"parts", "tokens_by_lang",
-    "selected_tokens_by_lang", "budget"}}. `seed` fixes the sampling order."""
-    return select_draws(curated, wheres, equal_tokens, [(seed, folder)], tokenizer, out)[0]
-
-
 def select_draws(curated: dict[str, list[Shard]], wheres: dict[str, dict], equal_tokens: bool,
                  draws: list[tuple[int | str, str]], tokenizer, out: Path) -> list[dict[str, dict]]:
-    """`select_variants` for several samples (sampling order, folder), one per training seed when the
-    ablation resamples per seed ("<sample_seed>:<training seed>"): the selections are read and tokenized
-    once, and only the draw is repeated."""
+    """Each variant's selection, once per draw (sampling order, folder), written to `out/<variant>/<folder>/`:
+    per draw {variant: {"parts", "tokens_by_lang", "selected_tokens_by_lang", "budget"}}. The ablation draws
+    once, or once per training seed ("<sample_seed>:<training seed>") when it resamples per seed; the
+    selections are read and tokenized once, and only the draw is repeated."""
     tables, tokens = {}, {}
     for v, parts in curated.items():
         tables[v] = read_selection(parts, wheres.get(v) or {}, f"variants.{v}")

@@ -159,7 +159,7 @@ def test_where_selects_and_weights_by_tier():
 
 
 def test_equal_tokens_selection_takes_the_same_tokens_per_language(tmp_path):
-    from quipu.flows.ablate_select import select_variants
+    from quipu.flows.ablate_select import select_draws
     from quipu.tasks.stage import write_table
 
     class WordTokenizer:
@@ -168,7 +168,7 @@ def test_equal_tokens_selection_takes_the_same_tokens_per_language(tmp_path):
     table = docs(300).append_column("quality_tier", pa.array([i % 5 for i in range(300)], pa.int64()))
     part = write_table(tmp_path / "curated" / "part-00000.parquet", table)
     wheres = {"top": {"quality_tier": ">= 3"}, "random": {}, "bottom": {"quality_tier": "<= 0"}}
-    out = select_variants({v: [part] for v in wheres}, wheres, True, 0, WordTokenizer(), tmp_path / "sel")
+    out, = select_draws({v: [part] for v in wheres}, wheres, True, [(0, "selected")], WordTokenizer(), tmp_path / "sel")
     budget = out["top"]["budget"]
     longest = max(len(t.split()) for t in table.column("text").to_pylist())
     for v, sel in out.items():
@@ -177,7 +177,7 @@ def test_equal_tokens_selection_takes_the_same_tokens_per_language(tmp_path):
         for lang in ("es", "pt"):
             assert budget[lang] <= sel["tokens_by_lang"][lang] < budget[lang] + longest
     assert out["bottom"]["tokens_by_lang"] == budget      # the smallest selection sets the budget
-    again = select_variants({v: [part] for v in wheres}, wheres, True, 0, WordTokenizer(), tmp_path / "sel2")
+    again, = select_draws({v: [part] for v in wheres}, wheres, True, [(0, "selected")], WordTokenizer(), tmp_path / "sel2")
     assert again["random"]["parts"][0].sha256 == out["random"]["parts"][0].sha256
 
 
